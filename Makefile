@@ -1,0 +1,92 @@
+# debadmin: build, install and test the Debian packages.
+#
+#   sudo make install   install build dependencies, build the .debs, install them with apt
+#   sudo make check     install test dependencies, then run every test, in this order:
+#                       shellcheck, unit tests, package build, lintian, autopkgtest,
+#                       install, integration tests
+#
+# Adding a tool: its test dependencies go into TEST_DEPENDS below (one line); everything
+# else is found by globbing bin/, debian/ and tests/integration/.
+
+SHELL := /bin/bash
+# pybuild runs the first python3.X on PATH: keep Debian's first.
+export PATH := /usr/sbin:/usr/bin:/sbin:/bin
+export LC_ALL := C.UTF-8
+
+PYTHON := /usr/bin/python3
+RELEASE ?= bookworm
+BUILD := $(CURDIR)/build
+VERSION := $(shell dpkg-parsechangelog -S Version 2>/dev/null || sed -n '1s/.*(\(.*\)).*/\1/p' debian/changelog)
+CHANGES := $(BUILD)/debadmin_$(VERSION)_$(shell dpkg --print-architecture).changes
+APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends
+
+# What the test pipeline itself runs (beyond the build dependencies).
+CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
+# What the integration tests use, per tool.
+TEST_DEPENDS := systemd-container
+TEST_DEPENDS += acl
+
+# Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
+FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f
+SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
+BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!(/usr)?/bin/(env )?bash' {} +)
+
+.PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
+	install-debs integration lint clean
+
+all: build
+
+deps:
+	$(APT) update
+	$(APT) install build-essential dpkg-dev
+	$(APT) build-dep ./
+
+check-deps: deps
+	$(APT) install $(CHECK_DEPENDS) $(TEST_DEPENDS)
+
+install: deps build install-debs
+
+check: check-deps shellcheck unit build lintian autopkgtest install-debs integration
+
+shellcheck:
+	shellcheck -s sh $(SH_FILES)
+	shellcheck -s bash $(BASH_FILES)
+
+unit:
+	$(PYTHON) -m pytest -q tests/unit
+
+# Build from a copy of the tree so that the .debs land in build/, not in ..
+build:
+	rm -rf $(BUILD)
+	mkdir -p $(BUILD)/debadmin-$(VERSION)
+	tar -c --exclude=./build --exclude=./.git --exclude=__pycache__ --exclude=.pytest_cache . \
+		| tar -x -C $(BUILD)/debadmin-$(VERSION)
+	cd $(BUILD)/debadmin-$(VERSION) && dpkg-buildpackage -us -uc
+	rm -rf $(BUILD)/debadmin-$(VERSION)
+
+lintian:
+	lintian --pedantic --info --display-experimental --fail-on error,warning $(CHANGES)
+
+# The testbed is a fresh $(RELEASE) tree made by mmdebstrap and entered with unshare:
+# the tests install the packages there, not on the host.
+autopkgtest:
+	mmdebstrap --variant=minbase --include=ca-certificates $(RELEASE) $(BUILD)/testbed-$(RELEASE).tar
+	rc=0; autopkgtest $(CHANGES) -- \
+		unshare --release $(RELEASE) --tarball $(BUILD)/testbed-$(RELEASE).tar || rc=$$?; \
+		rm -f $(BUILD)/testbed-$(RELEASE).tar; \
+		if [ $$rc -ne 0 ] && [ $$rc -ne 2 ]; then \
+			echo "autopkgtest failed (exit $$rc)"; exit 1; fi
+
+install-debs:
+	$(APT) install --reinstall $(patsubst %,./%,$(shell cd $(CURDIR) && ls build/*.deb))
+
+integration:
+	DEBADMIN_DEBS=$(BUILD) tests/integration/run
+
+lint:
+	black --check --line-length 99 lib tests bin
+	flake8 --max-line-length 99 lib tests bin
+
+clean:
+	rm -rf $(BUILD) .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

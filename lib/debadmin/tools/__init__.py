@@ -1,0 +1,1 @@
+"""One module per debadmin tool; bin/TOOL calls its main()."""

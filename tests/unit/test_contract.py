@@ -1,0 +1,94 @@
+"""The command-line contract for every tool: --help, --version, man page, version."""
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import debadmin
+
+SRC = Path(__file__).resolve().parents[2]
+TOOLS = sorted(p.name for p in (SRC / "bin").iterdir())
+
+
+def module_of(tool):
+    return importlib.import_module("debadmin.tools." + tool.replace("-", "_"))
+
+
+def run_tool(tool, *args):
+    env = dict(os.environ, PYTHONPATH=str(Path(debadmin.__file__).parents[1]))
+    return subprocess.run([sys.executable, str(SRC / "bin" / tool), *args],
+                          capture_output=True, text=True, env=env)
+
+
+def long_options(parser):
+    found = set()
+    actions = list(parser._actions)
+    while actions:
+        action = actions.pop()
+        found.update(o for o in action.option_strings if o.startswith("--"))
+        for sub in getattr(action, "choices", None) or {}:
+            if hasattr(action.choices[sub], "_actions"):
+                actions.extend(action.choices[sub]._actions)
+    return found
+
+
+def test_tools_exist():
+    assert "journal-acl-setup" in TOOLS
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_help_and_version(tool, option):
+    result = run_tool(tool, option)
+    assert result.returncode == 0
+    assert result.stderr == ""
+    if option == "--version":
+        assert result.stdout == f"{tool} {debadmin.__version__}\n"
+    else:
+        assert result.stdout.startswith("usage: " + tool)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_entry_point_is_thin(tool):
+    text = (SRC / "bin" / tool).read_text()
+    assert text.startswith("#!/usr/bin/python3\n")
+    assert f"from debadmin.tools.{tool.replace('-', '_')} import main" in text
+    assert "sys.exit(main())" in text
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_man_page_matches_parser(tool):
+    page = (SRC / "man" / f"{tool}.8").read_text()
+    assert page.startswith(f".TH {tool.upper().replace('-', chr(92) + '-')} 8 ")
+    for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "FILES",
+                    "EXAMPLES", "SEE ALSO"):
+        assert f"\n.SH {section}\n" in page, section
+    in_parser = long_options(module_of(tool).build_parser())
+    in_page = {o.replace("\\-", "-") for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", page)}
+    missing = in_parser - in_page
+    assert not missing, f"options not in the man page: {missing}"
+    # Every option documented under OPTIONS (the line after .TP) exists in the parser.
+    options = page.split("\n.SH OPTIONS\n")[1].split("\n.SH ")[0]
+    tags = re.findall(r"^\.TP\n(.*)$", options, re.M)
+    documented = {o.replace("\\-", "-") for tag in tags
+                  for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", tag)}
+    assert documented <= in_parser, f"documented but unknown: {documented - in_parser}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_usage_error_exits_2(tool):
+    result = run_tool(tool, "--no-such-option")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+
+
+def test_versions_agree():
+    changelog = (SRC / "debian/changelog").read_text().splitlines()[0]
+    version = re.match(r"debadmin \(([^)]+)\)", changelog).group(1)
+    pyproject = re.search(r'^version = "([^"]+)"', (SRC / "pyproject.toml").read_text(), re.M)
+    assert version == debadmin.__version__ == pyproject.group(1)
