@@ -32,7 +32,7 @@ SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!(/usr)?/bin/(env )?bash' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
-	install-debs integration lint clean
+	install-debs integration lint clean subids
 
 all: build
 
@@ -69,13 +69,19 @@ lintian:
 
 # The testbed is a fresh $(RELEASE) tree made by mmdebstrap and entered with unshare:
 # the tests install the packages there, not on the host.
-autopkgtest:
+autopkgtest: subids
 	mmdebstrap --variant=minbase --include=ca-certificates $(RELEASE) $(BUILD)/testbed-$(RELEASE).tar
-	rc=0; autopkgtest $(CHANGES) -- \
+	rc=0; autopkgtest --apt-upgrade $(CHANGES) -- \
 		unshare --release $(RELEASE) --tarball $(BUILD)/testbed-$(RELEASE).tar || rc=$$?; \
 		rm -f $(BUILD)/testbed-$(RELEASE).tar; \
 		if [ $$rc -ne 0 ] && [ $$rc -ne 2 ]; then \
 			echo "autopkgtest failed (exit $$rc)"; exit 1; fi
+
+# autopkgtest-virt-unshare maps root's subordinate ids; a fresh host may have none.
+# The range lies above useradd's SUB_UID_MAX, so it never overlaps a user's.
+subids:
+	grep -q '^root:' /etc/subuid || usermod --add-subuids 600200000-600265535 root
+	grep -q '^root:' /etc/subgid || usermod --add-subgids 600200000-600265535 root
 
 install-debs:
 	$(APT) install --reinstall $(patsubst %,./%,$(shell cd $(CURDIR) && ls build/*.deb))
