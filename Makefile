@@ -24,7 +24,7 @@ APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q -
 CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 # What the integration tests use, per tool.
 TEST_DEPENDS := systemd-container
-TEST_DEPENDS += acl
+TEST_DEPENDS += acl btrfs-progs
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f
