@@ -78,10 +78,15 @@ autopkgtest: subids
 			echo "autopkgtest failed (exit $$rc)"; exit 1; fi
 
 # autopkgtest-virt-unshare maps root's subordinate ids; a fresh host may have none.
-# The range lies above useradd's SUB_UID_MAX, so it never overlaps a user's.
+# The range lies above useradd's SUB_UID_MAX, so it never overlaps a user's. Root's
+# line must come first: bookworm's unshare --map-auto (util-linux 2.38) takes any
+# earlier line whose name is not a number for uid 0 (strtoul("name") == 0).
 subids:
-	grep -q '^root:' /etc/subuid || usermod --add-subuids 600200000-600265535 root
-	grep -q '^root:' /etc/subgid || usermod --add-subgids 600200000-600265535 root
+	for f in /etc/subuid /etc/subgid; do \
+		head -n1 $$f 2>/dev/null | grep -q '^root:' && continue; \
+		{ grep '^root:' $$f 2>/dev/null || echo root:600200000:65536; \
+		  grep -v '^root:' $$f 2>/dev/null || true; } > $$f.new && mv $$f.new $$f; \
+	done
 
 install-debs:
 	$(APT) install --reinstall $(patsubst %,./%,$(shell cd $(CURDIR) && ls build/*.deb))
