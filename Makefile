@@ -96,7 +96,7 @@ integration:
 
 lint:
 	black --check --line-length 99 lib tests bin
-	flake8 --max-line-length 99 lib tests bin
+	flake8 lib tests
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

@@ -21,8 +21,9 @@ def module_of(tool):
 
 def run_tool(tool, *args):
     env = dict(os.environ, PYTHONPATH=str(Path(debadmin.__file__).parents[1]))
-    return subprocess.run([sys.executable, str(SRC / "bin" / tool), *args],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, str(SRC / "bin" / tool), *args], capture_output=True, text=True, env=env
+    )
 
 
 def long_options(parser):
@@ -65,8 +66,16 @@ def test_entry_point_is_thin(tool):
 def test_man_page_matches_parser(tool):
     page = (SRC / "man" / f"{tool}.8").read_text()
     assert page.startswith(f".TH {tool.upper().replace('-', chr(92) + '-')} 8 ")
-    for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXIT STATUS", "FILES",
-                    "EXAMPLES", "SEE ALSO"):
+    for section in (
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "OPTIONS",
+        "EXIT STATUS",
+        "FILES",
+        "EXAMPLES",
+        "SEE ALSO",
+    ):
         assert f"\n.SH {section}\n" in page, section
     in_parser = long_options(module_of(tool).build_parser())
     in_page = {o.replace("\\-", "-") for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", page)}
@@ -75,8 +84,11 @@ def test_man_page_matches_parser(tool):
     # Every option documented under OPTIONS (the line after .TP) exists in the parser.
     options = page.split("\n.SH OPTIONS\n")[1].split("\n.SH ")[0]
     tags = re.findall(r"^\.TP\n(.*)$", options, re.M)
-    documented = {o.replace("\\-", "-") for tag in tags
-                  for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", tag)}
+    documented = {
+        o.replace("\\-", "-")
+        for tag in tags
+        for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", tag)
+    }
     assert documented <= in_parser, f"documented but unknown: {documented - in_parser}"
 
 

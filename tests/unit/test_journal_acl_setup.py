@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -52,16 +51,25 @@ def test_parse_getfacl_garbage():
         jas.parse_getfacl("user::rwx\n")
 
 
-@pytest.mark.parametrize("entries,gid,expected", [
-    ({"user:": "rw-", "group:": "r--", "other:": "---"}, 101, True),   # owning group
-    ({"user:": "rw-", "group:": "r--", "other:": "---"}, 4, False),
-    ({"user:": "rw-", "group:": "---", "group:4": "r--", "mask:": "r--", "other:": "---"},
-     4, True),
-    ({"user:": "rw-", "group:": "r--", "group:4": "r--", "mask:": "---", "other:": "---"},
-     4, False),  # masked out
-    ({"user:": "rw-", "group:": "---", "other:": "r--"}, 4, True),      # falls to other
-    ({"user:": "rw-", "group:": "---", "other:": "r--"}, 101, False),   # matched, never other
-])
+@pytest.mark.parametrize(
+    "entries,gid,expected",
+    [
+        ({"user:": "rw-", "group:": "r--", "other:": "---"}, 101, True),  # owning group
+        ({"user:": "rw-", "group:": "r--", "other:": "---"}, 4, False),
+        (
+            {"user:": "rw-", "group:": "---", "group:4": "r--", "mask:": "r--", "other:": "---"},
+            4,
+            True,
+        ),
+        (
+            {"user:": "rw-", "group:": "r--", "group:4": "r--", "mask:": "---", "other:": "---"},
+            4,
+            False,
+        ),  # masked out
+        ({"user:": "rw-", "group:": "---", "other:": "r--"}, 4, True),  # falls to other
+        ({"user:": "rw-", "group:": "---", "other:": "r--"}, 101, False),  # matched, never other
+    ],
+)
 def test_group_can(entries, gid, expected):
     acl = jas.Acl(path="/x", uid=0, gid=101, entries=entries)
     assert jas.group_can(acl, gid, "r") is expected
@@ -70,8 +78,13 @@ def test_group_can(entries, gid, expected):
 def test_group_can_defaults():
     acl = jas.Acl(path="/x", uid=0, gid=101, entries={"other:": "r-x"})
     assert not jas.group_can(acl, 4, "rx", defaults=True)
-    acl.defaults = {"user:": "rwx", "group:": "r-x", "group:4": "r-x", "mask:": "r-x",
-                    "other:": "---"}
+    acl.defaults = {
+        "user:": "rwx",
+        "group:": "r-x",
+        "group:4": "r-x",
+        "mask:": "r-x",
+        "other:": "---",
+    }
     assert jas.group_can(acl, 4, "rx", defaults=True)
 
 
@@ -83,7 +96,8 @@ def make_root(tmp_path):
     (root / "var/log").mkdir(parents=True)
     gid = os.getgid()
     (root / "etc/group").write_text(
-        f"root:x:0:\nadm:x:4:\nsystemd-journal:x:{gid}:\nstaff:x:50:\n")
+        f"root:x:0:\nadm:x:4:\nsystemd-journal:x:{gid}:\nstaff:x:50:\n"
+    )
     return root
 
 
@@ -112,7 +126,8 @@ def test_configured_groups(tmp_path):
     assert jas.configured_groups(root) == ["adm"]
     (root / "etc/default").mkdir()
     (root / "etc/default/journal-acl-setup").write_text(
-        '# comment\nJOURNAL_ACL_GROUPS="adm staff"  # trailing\n')
+        '# comment\nJOURNAL_ACL_GROUPS="adm staff"  # trailing\n'
+    )
     assert jas.configured_groups(root) == ["adm", "staff"]
     (root / "etc/default/journal-acl-setup").write_text('JOURNAL_ACL_GROUPS="adm\n')
     with pytest.raises(Error, match="cannot parse"):
@@ -145,7 +160,8 @@ def test_render_tmpfiles():
 
 
 needs_acl_tools = pytest.mark.skipif(
-    not (shutil.which("getfacl") and shutil.which("setfacl")), reason="acl not installed")
+    not (shutil.which("getfacl") and shutil.which("setfacl")), reason="acl not installed"
+)
 
 
 @needs_acl_tools
@@ -191,13 +207,28 @@ def test_apply_setfacl_does_not_follow_symlinks(tmp_path):
     (journal / "m/trap").symlink_to(secret)
     (journal / "dirtrap").symlink_to(tmp_path)
     gid = os.getgid()
-    subprocess.run(["setfacl", "--recursive", "--physical", "--modify",
-                    f"group:{gid}:rX,default:group:{gid}:rX", "--", str(journal)], check=True)
+    subprocess.run(
+        [
+            "setfacl",
+            "--recursive",
+            "--physical",
+            "--modify",
+            f"group:{gid}:rX,default:group:{gid}:rX",
+            "--",
+            str(journal),
+        ],
+        check=True,
+    )
     acls = {a.path: a for a in jas.read_acls(journal)}
     assert f"group:{gid}" in acls[str(journal / "m/a.journal")].entries
     assert str(journal / "m/trap") not in acls
-    secret_acl = jas.parse_getfacl(subprocess.run(
-        ["getfacl", "--absolute-names", "--numeric", str(secret)],
-        capture_output=True, text=True, check=True).stdout)[0]
+    secret_acl = jas.parse_getfacl(
+        subprocess.run(
+            ["getfacl", "--absolute-names", "--numeric", str(secret)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )[0]
     assert f"group:{gid}" not in secret_acl.entries
     assert jas.find_symlinks(journal) == [str(journal / "dirtrap"), str(journal / "m/trap")]

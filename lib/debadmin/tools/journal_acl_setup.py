@@ -168,8 +168,11 @@ class Acl:
 
 def _unescape(text: str) -> str:
     # getfacl writes unusual bytes in names as \ooo octal escapes and a backslash as \\.
-    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]),
-                 text.encode("utf-8", "surrogateescape"))
+    raw = re.sub(
+        rb"\\([0-7]{3})",
+        lambda m: bytes([int(m.group(1), 8)]),
+        text.encode("utf-8", "surrogateescape"),
+    )
     return os.fsdecode(raw.replace(b"\\\\", b"\\"))
 
 
@@ -182,7 +185,7 @@ def parse_getfacl(text: str) -> List[Acl]:
             current = None
             continue
         if line.startswith("# file: "):
-            current = Acl(path=_unescape(line[len("# file: "):]))
+            current = Acl(path=_unescape(line[len("# file: ") :]))
             acls.append(current)
             continue
         if current is None:
@@ -200,7 +203,7 @@ def parse_getfacl(text: str) -> List[Acl]:
             target = current.entries
             if spec.startswith("default:"):
                 target = current.defaults
-                spec = spec[len("default:"):]
+                spec = spec[len("default:") :]
             kind, qualifier, perms = spec.split(":", 2)
             target[f"{kind}:{qualifier}"] = perms
     return acls
@@ -234,8 +237,18 @@ def group_can(acl: Acl, gid: int, perms: str, defaults: bool = False) -> bool:
 
 def read_acls(journal: Path) -> List[Acl]:
     """Every directory and file under journal, without following symlinks."""
-    result = proc.run(["getfacl", "--absolute-names", "--numeric", "--physical",
-                       "--recursive", "--", str(journal)], check=False)
+    result = proc.run(
+        [
+            "getfacl",
+            "--absolute-names",
+            "--numeric",
+            "--physical",
+            "--recursive",
+            "--",
+            str(journal),
+        ],
+        check=False,
+    )
     if result.returncode != 0 and not result.stdout:
         detail = (result.stderr.strip().splitlines() or ["failed"])[-1]
         raise Error(f"getfacl failed: {detail}")
@@ -263,8 +276,7 @@ class Shortfall:
     group: Optional[str] = None
 
     def as_dict(self) -> Dict[str, Optional[str]]:
-        return {"kind": self.kind, "path": self.path, "group": self.group,
-                "message": self.message}
+        return {"kind": self.kind, "path": self.path, "group": self.group, "message": self.message}
 
 
 @dataclass
@@ -313,9 +325,13 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
     storage, source = journald_storage(root)
     shortfalls: List[Shortfall] = []
     if storage in ("volatile", "none"):
-        shortfalls.append(Shortfall(
-            "storage", source or "journald.conf",
-            f"journald Storage={storage} (set in {source}): the journal is not kept on disk"))
+        shortfalls.append(
+            Shortfall(
+                "storage",
+                source or "journald.conf",
+                f"journald Storage={storage} (set in {source}): the journal is not kept on disk",
+            )
+        )
     try:
         st = os.lstat(journal)
     except FileNotFoundError:
@@ -343,13 +359,18 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
             if is_dir and not group_can(acl, gid, "rx", defaults=True):
                 no_default.append(acl.path)
         for path in unreadable:
-            shortfalls.append(Shortfall("unreadable", path, f"group {name} cannot read {path}",
-                                        name))
+            shortfalls.append(
+                Shortfall("unreadable", path, f"group {name} cannot read {path}", name)
+            )
         for path in no_default:
-            shortfalls.append(Shortfall(
-                "no-default-acl", path,
-                f"{path} has no default ACL for group {name}: new files would be unreadable",
-                name))
+            shortfalls.append(
+                Shortfall(
+                    "no-default-acl",
+                    path,
+                    f"{path} has no default ACL for group {name}: new files would be unreadable",
+                    name,
+                )
+            )
     dropin_groups = sorted(n for n in groups if n != STOCK_GROUP)
     if dropin_groups:
         expected = render_tmpfiles(list(groups))
@@ -360,13 +381,19 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
             current = None
         except OSError as exc:
             raise Error(f"cannot read {dropin}: {exc.strerror}") from None
-        if current is None or not all(line in current.splitlines()
-                                      for line in expected.splitlines() if line[:1] == "a"):
-            shortfalls.append(Shortfall(
-                "tmpfiles", str(dropin),
-                f"{dropin} does not grant {', '.join(dropin_groups)} on boot"))
-    return State(root, journal, groups, storage, source, True, shortfalls,
-                 find_symlinks(journal), len(acls))
+        if current is None or not all(
+            line in current.splitlines() for line in expected.splitlines() if line[:1] == "a"
+        ):
+            shortfalls.append(
+                Shortfall(
+                    "tmpfiles",
+                    str(dropin),
+                    f"{dropin} does not grant {', '.join(dropin_groups)} on boot",
+                )
+            )
+    return State(
+        root, journal, groups, storage, source, True, shortfalls, find_symlinks(journal), len(acls)
+    )
 
 
 def render_tmpfiles(groups: List[str]) -> str:
@@ -374,10 +401,12 @@ def render_tmpfiles(groups: List[str]) -> str:
     extra = [g for g in groups if g != STOCK_GROUP]
     dirs = ",".join(f"d:group:{g}:r-x,group:{g}:r-x" for g in extra)
     files = ",".join(f"group:{g}:r--" for g in extra)
-    return (GENERATED
-            + f"a+ /var/log/journal - - - - {dirs}\n"
-            + f"a+ /var/log/journal/%m - - - - {dirs}\n"
-            + f"a+ /var/log/journal/%m/system.journal - - - - {files}\n")
+    return (
+        GENERATED
+        + f"a+ /var/log/journal - - - - {dirs}\n"
+        + f"a+ /var/log/journal/%m - - - - {dirs}\n"
+        + f"a+ /var/log/journal/%m/system.journal - - - - {files}\n"
+    )
 
 
 # --- apply / revert -----------------------------------------------------------------------------
@@ -399,7 +428,8 @@ def probe_acl_support(directory: Path) -> None:
     if result.returncode != 0:
         raise Error(
             f"the filesystem holding {directory} does not support POSIX ACLs; "
-            "mount it with ACL support, or add the users to group systemd-journal instead")
+            "mount it with ACL support, or add the users to group systemd-journal instead"
+        )
 
 
 def tmpfiles(root: Path, *extra: str) -> None:
@@ -421,8 +451,10 @@ def plan(state: State) -> List[str]:
         steps.append("run systemd-tmpfiles --create --prefix=/var/log/journal")
     for name in state.groups:
         if any(s.group == name for s in state.shortfalls) or "missing" in kinds:
-            steps.append(f"setfacl -R (no symlinks followed) group:{name}:rX and default "
-                         f"group:{name}:rX on {state.journal}")
+            steps.append(
+                f"setfacl -R (no symlinks followed) group:{name}:rX and default "
+                f"group:{name}:rX on {state.journal}"
+            )
     if "tmpfiles" in kinds:
         steps.append(f"write {state.root / TMPFILES_DROPIN}")
     return steps
@@ -442,8 +474,10 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(shortfall.message)
             print(f"{len(state.shortfalls)} shortfall(s); run '{PROG} apply' to fix them")
         else:
-            print(f"ok: {state.journal} is persistent and readable by "
-                  f"{', '.join(groups)} ({state.checked} paths checked)")
+            print(
+                f"ok: {state.journal} is persistent and readable by "
+                f"{', '.join(groups)} ({state.checked} paths checked)"
+            )
     return EXIT_ACTION if state.shortfalls else EXIT_OK
 
 
@@ -475,8 +509,17 @@ def cmd_apply(args: argparse.Namespace) -> int:
         tmpfiles(root)
     for name in groups:
         if any(s.group == name for s in state.shortfalls) or "missing" in kinds:
-            proc.run(["setfacl", "--recursive", "--physical", "--modify",
-                      f"group:{name}:rX,default:group:{name}:rX", "--", str(state.journal)])
+            proc.run(
+                [
+                    "setfacl",
+                    "--recursive",
+                    "--physical",
+                    "--modify",
+                    f"group:{name}:rX,default:group:{name}:rX",
+                    "--",
+                    str(state.journal),
+                ]
+            )
     if "tmpfiles" in kinds:
         dropin = root / TMPFILES_DROPIN
         dropin.parent.mkdir(parents=True, exist_ok=True)
@@ -518,12 +561,17 @@ def cmd_revert(args: argparse.Namespace) -> int:
     if journal.is_dir() and not journal.is_symlink():
         for name in groups:
             acl_spec = f"group:{name},default:group:{name}"
-            steps.append((f"remove the ACL entries of group {name} under {journal}",
-                          lambda s=acl_spec: proc.run(
-                              ["setfacl", "--recursive", "--physical", "--remove", s, "--",
-                               str(journal)])))
-        steps.append(("restore systemd's stock ACLs with systemd-tmpfiles",
-                      lambda: tmpfiles(root)))
+            steps.append(
+                (
+                    f"remove the ACL entries of group {name} under {journal}",
+                    lambda s=acl_spec: proc.run(
+                        ["setfacl", "--recursive", "--physical", "--remove", s, "--", str(journal)]
+                    ),
+                )
+            )
+        steps.append(
+            ("restore systemd's stock ACLs with systemd-tmpfiles", lambda: tmpfiles(root))
+        )
     for text, action in steps:
         if args.dry_run:
             print(f"would {text}")
@@ -553,16 +601,29 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext, description=helptext)
         cli.add_verbosity(p)
         p.set_defaults(func=func)
-        p.add_argument("-g", "--group", action="append", metavar="GROUP",
-                       help="group that must read the journal (repeatable; default: "
-                            "JOURNAL_ACL_GROUPS from /etc/default/journal-acl-setup, else adm)")
-        p.add_argument("--root", default="/", metavar="DIR",
-                       help="act on the system image mounted at DIR (default: /)")
+        p.add_argument(
+            "-g",
+            "--group",
+            action="append",
+            metavar="GROUP",
+            help="group that must read the journal (repeatable; default: "
+            "JOURNAL_ACL_GROUPS from /etc/default/journal-acl-setup, else adm)",
+        )
+        p.add_argument(
+            "--root",
+            default="/",
+            metavar="DIR",
+            help="act on the system image mounted at DIR (default: /)",
+        )
         if name == "check":
             p.add_argument("--json", action="store_true", help="print the report as JSON")
         else:
-            p.add_argument("-n", "--dry-run", action="store_true",
-                           help="print what would change and change nothing")
+            p.add_argument(
+                "-n",
+                "--dry-run",
+                action="store_true",
+                help="print what would change and change nothing",
+            )
     return parser
 
 
