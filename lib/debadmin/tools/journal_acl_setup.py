@@ -337,6 +337,11 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
     except FileNotFoundError:
         shortfalls.append(Shortfall("missing", str(journal), f"{journal} does not exist"))
         return State(root, journal, groups, storage, source, False, shortfalls, [], 0)
+    if stat.S_ISLNK(st.st_mode):
+        raise Error(
+            f"{journal} is a symbolic link (to {os.readlink(journal)}), which is never "
+            "followed; make it a directory or a mount point"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise Error(f"{journal} exists but is not a directory")
     problems = []

@@ -1,0 +1,91 @@
+"""Unit tests for the shared library: atomic writes, locks, subprocess, versions, CLI."""
+
+import os
+import stat
+
+import pytest
+
+from debadmin import cli, debver, fsutil, proc
+from debadmin.errors import Error, NotApplicable
+
+
+def test_atomic_write_replaces_and_sets_mode(tmp_path):
+    target = tmp_path / "f.conf"
+    target.write_text("old")
+    fsutil.atomic_write(target, "new\n", mode=0o600)
+    assert target.read_text() == "new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert os.listdir(tmp_path) == ["f.conf"]
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "f.conf"
+    target.write_text("old")
+
+    def boom(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        fsutil.atomic_write(target, "new")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["f.conf"]
+
+
+def test_atomic_write_missing_directory_is_an_error(tmp_path):
+    with pytest.raises(Error, match="cannot write"):
+        fsutil.atomic_write(tmp_path / "no/such/dir/f", "x")
+
+
+def test_remove_file(tmp_path):
+    (tmp_path / "x").write_text("x")
+    assert fsutil.remove_file(tmp_path / "x") is True
+    assert fsutil.remove_file(tmp_path / "x") is False
+
+
+def test_lock_is_exclusive(tmp_path):
+    lock = tmp_path / "lock"
+    with fsutil.locked(lock):
+        pid = os.fork()
+        if pid == 0:  # a second process must not get the lock
+            try:
+                with fsutil.locked(lock, wait=False):
+                    os._exit(1)
+            except Error:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_proc_run():
+    assert proc.run(["sh", "-c", "echo $LC_ALL"]).stdout == "C.UTF-8\n"
+    with pytest.raises(Error, match="^false failed: exit status 1$"):
+        proc.run(["false"])
+    with pytest.raises(Error, match="last line"):
+        proc.run(["sh", "-c", "echo first >&2; echo last line >&2; exit 3"])
+    assert proc.run(["false"], check=False).returncode == 1
+    with pytest.raises(Error, match="command not found"):
+        proc.run(["/nonexistent/command"])
+
+
+def test_debver():
+    assert debver.compare("2.0.20-1~deb12u2", "2.0.20") > 0
+    assert debver.compare("1.0~rc1", "1.0") < 0
+    assert debver.at_least("0.85.0", "0.85.0")
+    assert not debver.at_least("0.85.0", "0.88.4")
+
+
+def test_run_maps_exceptions(capsys):
+    parser = cli.new_parser("t", "test")
+
+    def raises(exc):
+        def func(args):
+            raise exc
+
+        return func
+
+    assert cli.run("t", parser, [], raises(Error("bad input"))) == 2
+    assert capsys.readouterr().err == "t: error: bad input\n"
+    assert cli.run("t", parser, [], raises(NotApplicable("no UEFI"))) == 3
+    assert cli.run("t", parser, ["--bogus"], lambda a: 0) == 2
+    assert cli.run("t", parser, ["-q"], lambda a: 0) == 0
