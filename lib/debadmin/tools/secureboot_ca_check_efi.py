@@ -361,14 +361,15 @@ def parse_pe(data: bytes, source: str) -> PeImage:
                     f"the file ({len(data)} bytes)")
     # Authenticode digest: everything except the checksum, the security directory entry
     # and the certificate table itself (sbsign's and pesign's layout: the table is last).
+    view = memoryview(data)  # no copies of a megabyte-sized image
     digest = hashlib.sha256()
-    digest.update(data[:checksum_at])
-    digest.update(data[checksum_at + 4:security_entry])
+    digest.update(view[:checksum_at])
+    digest.update(view[checksum_at + 4:security_entry])
     if cert_size:
-        digest.update(data[security_entry + 8:cert_offset])
-        digest.update(data[cert_offset + cert_size:])
+        digest.update(view[security_entry + 8:cert_offset])
+        digest.update(view[cert_offset + cert_size:])
     else:
-        digest.update(data[security_entry + 8:])
+        digest.update(view[security_entry + 8:])
     image = PeImage(source, digest.hexdigest())
     raw_digest = digest.digest()
     offset = cert_offset
