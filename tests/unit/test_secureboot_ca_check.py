@@ -167,6 +167,16 @@ def test_sha256_list_with_wrong_entry_size():
         efi.parse_signature_lists(data, "dbx")
 
 
+def test_zero_padded_certificate_is_accepted_garbage_is_not():
+    der = real_cert("microsoft-uefi-ca-2023.der").public_bytes(serialization.Encoding.DER)
+    entries = efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0" * 16]), "db")
+    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
+        efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0junk"]), "db")
+    with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
+        efi.parse_signature_lists(esl(efi.CERT_X509, [der[:-1]]), "db")
+
+
 def test_empty_variable_has_no_entries():
     assert efi.parse_signature_lists(b"", "dbx") == []
 
@@ -295,6 +305,13 @@ def test_malformed_efivars(tmp_path, capsys, name, attrs, data, message):
     rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_oversized_efivars_file(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    (efivars / f"dbx-{efi.IMAGE_SECURITY_GUID}").write_bytes(b"\x27\0\0\0" + b"\0" * (2 << 20))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and "larger than 1048576 bytes" in err
 
 
 def test_truncated_efivars_file(tmp_path, capsys):

@@ -116,7 +116,11 @@ def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
             entry = Entry(kind, owner, payload)
             if kind == "x509":
                 try:
-                    entry.cert = load_certificate(payload)
+                    # Some firmware pads certificates with zeros up to SignatureSize.
+                    length = der_length(payload)
+                    if length > len(payload) or payload[length:].strip(b"\0"):
+                        raise ValueError("the DER length does not match the entry")
+                    entry.cert = load_certificate(payload[:length])
                 except Exception as exc:  # cryptography raises ValueError and friends
                     raise Error(f"{where}: entry {index + 1} is not a DER X.509 "
                                 f"certificate ({exc.__class__.__name__})") from None
