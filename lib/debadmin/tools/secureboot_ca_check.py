@@ -80,6 +80,7 @@ def describe_cert(cert: x509.Certificate, now: datetime.datetime,
                   known: Dict[str, Tuple[str, str, str]], owner: Optional[str] = None) -> dict:
     """The JSON form of one certificate, with Microsoft CAs identified by fingerprint."""
     sha256 = efi.fingerprint(cert)
+    not_before, not_after = efi.validity(cert)
     ca = known.get(sha256)
     subject = cert.subject.rfc4514_string()
     claims = bool(CLAIMS_MICROSOFT.search(common_name(cert.subject))
@@ -90,9 +91,9 @@ def describe_cert(cert: x509.Certificate, now: datetime.datetime,
         "subject_cn": common_name(cert.subject),
         "issuer": cert.issuer.rfc4514_string(),
         "serial": format(cert.serial_number, "x"),
-        "not_before": iso(cert.not_valid_before),
-        "not_after": iso(cert.not_valid_after),
-        "expired": cert.not_valid_after < now,
+        "not_before": iso(not_before),
+        "not_after": iso(not_after),
+        "expired": not_after < now,
         "sha256": sha256,
         "sha1": efi.fingerprint(cert, "sha1"),
         "owner": owner,

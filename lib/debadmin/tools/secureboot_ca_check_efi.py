@@ -1,5 +1,6 @@
 """Strict parsers for secureboot-ca-check: efivarfs, edk2 varstores, signature lists, PE."""
 
+import datetime
 import hashlib
 import struct
 import uuid
@@ -136,8 +137,20 @@ def load_certificate(der: bytes) -> x509.Certificate:
         warnings.simplefilter("ignore")
         cert = x509.load_der_x509_certificate(der)
         cert.subject, cert.issuer, cert.serial_number  # noqa: B018
-        cert.not_valid_before, cert.not_valid_after  # noqa: B018
+        validity(cert)
     return cert
+
+
+def validity(cert: x509.Certificate) -> Tuple[datetime.datetime, datetime.datetime]:
+    """notBefore and notAfter as naive UTC datetimes.
+
+    cryptography 42 (trixie) adds the *_utc properties and deprecates the naive ones that
+    38 (bookworm) has.
+    """
+    if hasattr(cert, "not_valid_after_utc"):
+        return (cert.not_valid_before_utc.replace(tzinfo=None),
+                cert.not_valid_after_utc.replace(tzinfo=None))
+    return cert.not_valid_before, cert.not_valid_after
 
 
 # --- variables: efivarfs and edk2 varstores --------------------------------------------------
