@@ -235,7 +235,8 @@ def test_all_2023_present_is_ok(tmp_path):
                               tmp_path, NOW, known)
     assert report["exit_status"] == 0
     warning = [f for f in report["findings"] if f["code"] == "defaults-lack-2023"]
-    assert warning and "KEKDefault" in warning[0]["message"] and "dbDefault" in warning[0]["message"]
+    assert warning and "KEKDefault" in warning[0]["message"]
+    assert "dbDefault" in warning[0]["message"]
     assert any("restore factory keys" in s for s in report["next_steps"])
 
 
@@ -601,7 +602,7 @@ def test_json_fields_are_stable(tmp_path, capsys):
     assert set(report["findings"][0]) == {"code", "severity", "message"}
 
 
-# --- fuzz ------------------------------------------------------------------------------------------
+# --- fuzz ----------------------------------------------------------------------------------------
 
 CLEAN = (Error,)
 

@@ -99,7 +99,8 @@ def describe_cert(cert: x509.Certificate, now: datetime.datetime,
         "owner": owner,
         "microsoft_ca": ca[0] if ca else None,
         "lookalike": claims and ca is None,
-        "test_key": bool(TEST_KEY.search(subject) or TEST_KEY.search(cert.issuer.rfc4514_string())),
+        "test_key": bool(TEST_KEY.search(subject)
+                         or TEST_KEY.search(cert.issuer.rfc4514_string())),
     }
 
 
