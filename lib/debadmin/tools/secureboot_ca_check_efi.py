@@ -1,0 +1,455 @@
+"""Strict parsers for secureboot-ca-check: efivarfs, edk2 varstores, signature lists, PE."""
+
+import datetime
+import hashlib
+import struct
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.serialization import pkcs7
+
+from debadmin.errors import Error
+
+GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+IMAGE_SECURITY_GUID = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"
+MICROSOFT_OWNER = "77fa9abd-0359-4d32-bd60-28f4e78f784b"
+
+# (name, vendor GUID) of every variable the report reads.
+VARIABLES: Dict[str, str] = {
+    "SecureBoot": GLOBAL_GUID,
+    "SetupMode": GLOBAL_GUID,
+    "PK": GLOBAL_GUID,
+    "KEK": GLOBAL_GUID,
+    "db": IMAGE_SECURITY_GUID,
+    "dbx": IMAGE_SECURITY_GUID,
+    "PKDefault": GLOBAL_GUID,
+    "KEKDefault": GLOBAL_GUID,
+    "dbDefault": GLOBAL_GUID,
+    "dbxDefault": GLOBAL_GUID,
+}
+SIGNATURE_DATABASES = ("PK", "KEK", "db", "dbx", "PKDefault", "KEKDefault", "dbDefault",
+                       "dbxDefault")
+AUTHENTICATED = ("PK", "KEK", "db", "dbx")
+
+# EFI variable attributes.
+ATTR_NV, ATTR_BS, ATTR_RT = 0x1, 0x2, 0x4
+ATTR_HW_ERROR, ATTR_AUTH_WRITE, ATTR_TIME_AUTH, ATTR_APPEND = 0x8, 0x10, 0x20, 0x40
+ATTR_AUTHENTICATED_DB = ATTR_NV | ATTR_BS | ATTR_RT | ATTR_TIME_AUTH  # 0x27
+
+# Signature types: name and the fixed SignatureSize (owner GUID + data); None = variable.
+CERT_X509 = "a5c059a1-94e4-4aa7-87b5-ab155c2bf072"
+SIGNATURE_TYPES: Dict[str, Tuple[str, Optional[int]]] = {
+    CERT_X509: ("x509", None),
+    "c1c41626-504c-4092-aca9-41f936934328": ("sha256", 16 + 32),
+    "826ca512-cf10-4ac9-b187-be01496631bd": ("sha1", 16 + 20),
+    "0b6e5233-a65c-44c9-9407-d9ab83bfc8bd": ("sha224", 16 + 28),
+    "ff3e5307-9fd0-48c9-85f1-8ad56c701e01": ("sha384", 16 + 48),
+    "093e0fae-a6c4-4f50-9f1b-d41e2b89c19a": ("sha512", 16 + 64),
+    "3c5766e8-269c-4e34-aa14-ed776e85b3b6": ("rsa2048", 16 + 256),
+    "3bd2a492-96c0-4079-b420-fcf98ef103ed": ("x509_sha256", 16 + 32 + 16),
+    "7076876e-80c2-4ee6-aad2-28b349a6865b": ("x509_sha384", 16 + 48 + 16),
+    "446dbf63-2502-4cda-bcfa-2465d2b0fe9d": ("x509_sha512", 16 + 64 + 16),
+}
+
+MAX_VARIABLE = 1 << 20  # no firmware variable comes near 1 MiB
+MAX_VARSTORE = 64 << 20
+MAX_PE = 64 << 20
+
+
+def guid_str(raw: bytes) -> str:
+    return str(uuid.UUID(bytes_le=bytes(raw)))
+
+
+# --- signature lists ----------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """One EFI_SIGNATURE_DATA: a certificate or a hash, with its owner GUID."""
+
+    kind: str  # x509, sha256, ...
+    owner: str
+    data: bytes
+    cert: Optional[x509.Certificate] = None
+
+
+def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
+    """Every entry of the EFI_SIGNATURE_LISTs in data, checked strictly.
+
+    Raises Error naming `what` for a truncated or oversized list, an unknown signature type,
+    a size that does not fit the type, a non-empty header or an undecodable certificate.
+    """
+    entries: List[Entry] = []
+    offset = 0
+    number = 0
+    while offset < len(data):
+        number += 1
+        where = f"{what}: signature list {number} at byte {offset}"
+        if len(data) - offset < 28:
+            raise Error(f"{where}: truncated header ({len(data) - offset} of 28 bytes)")
+        type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
+        sig_type = guid_str(type_raw)
+        if sig_type not in SIGNATURE_TYPES:
+            raise Error(f"{where}: unknown signature type {sig_type}")
+        kind, fixed = SIGNATURE_TYPES[sig_type]
+        if list_size > len(data) - offset:
+            raise Error(f"{where}: size {list_size} runs past the end of the data "
+                        f"({len(data) - offset} bytes left)")
+        if header_size != 0:
+            raise Error(f"{where}: header size {header_size} (must be 0 for {kind})")
+        if sig_size <= 16 or (fixed is not None and sig_size != fixed):
+            raise Error(f"{where}: signature size {sig_size} is wrong for {kind}")
+        body = list_size - 28
+        if body <= 0 or body % sig_size:
+            raise Error(f"{where}: list size {list_size} is not a whole number of "
+                        f"{sig_size}-byte signatures")
+        start = offset + 28
+        for index in range(body // sig_size):
+            at = start + index * sig_size
+            owner = guid_str(data[at:at + 16])
+            payload = bytes(data[at + 16:at + sig_size])
+            entry = Entry(kind, owner, payload)
+            if kind == "x509":
+                try:
+                    # Some firmware pads certificates with zeros up to SignatureSize.
+                    length = der_length(payload)
+                    if length > len(payload) or payload[length:].strip(b"\0"):
+                        raise ValueError("the DER length does not match the entry")
+                    entry.cert = load_certificate(payload[:length])
+                except Exception as exc:  # cryptography raises ValueError and friends
+                    raise Error(f"{where}: entry {index + 1} is not a DER X.509 "
+                                f"certificate ({exc.__class__.__name__})") from None
+            entries.append(entry)
+        offset += list_size
+    return entries
+
+
+def load_certificate(der: bytes) -> x509.Certificate:
+    """A DER certificate whose fields the report reads, parsed now (names parse lazily)."""
+    with warnings.catch_warnings():
+        # e.g. "negative serial number": hostile input must not print warnings.
+        warnings.simplefilter("ignore")
+        cert = x509.load_der_x509_certificate(der)
+        cert.subject, cert.issuer, cert.serial_number  # noqa: B018
+        validity(cert)
+    return cert
+
+
+def validity(cert: x509.Certificate) -> Tuple[datetime.datetime, datetime.datetime]:
+    """notBefore and notAfter as naive UTC datetimes.
+
+    cryptography 42 (trixie) adds the *_utc properties and deprecates the naive ones that
+    38 (bookworm) has.
+    """
+    if hasattr(cert, "not_valid_after_utc"):
+        return (cert.not_valid_before_utc.replace(tzinfo=None),
+                cert.not_valid_after_utc.replace(tzinfo=None))
+    return cert.not_valid_before, cert.not_valid_after
+
+
+# --- variables: efivarfs and edk2 varstores --------------------------------------------------
+
+
+@dataclass
+class Variable:
+    name: str
+    guid: str
+    attributes: int
+    data: bytes
+
+
+def check_attributes(name: str, attributes: int, source: str) -> None:
+    """Refuse attribute words no firmware sets on these variables."""
+    if attributes & ~0xFF:
+        raise Error(f"{source}: {name}: undefined attribute bits in 0x{attributes:08x}")
+    if attributes & (ATTR_HW_ERROR | ATTR_AUTH_WRITE):
+        raise Error(f"{source}: {name}: attributes 0x{attributes:08x} are not those of a "
+                    "Secure Boot variable")
+    if name in AUTHENTICATED and (attributes & ATTR_AUTHENTICATED_DB) != ATTR_AUTHENTICATED_DB:
+        raise Error(f"{source}: {name}: attributes 0x{attributes:08x} lack "
+                    "non-volatile, runtime or time-based authenticated access (0x27)")
+    if not attributes & ATTR_BS:
+        raise Error(f"{source}: {name}: attributes 0x{attributes:08x} lack boot-service access")
+
+
+def read_efivars(directory: Path) -> Dict[str, Variable]:
+    """The report's variables from an efivarfs directory (NAME-GUID files)."""
+    variables: Dict[str, Variable] = {}
+    for name, guid in VARIABLES.items():
+        path = directory / f"{name}-{guid}"
+        try:
+            with open(path, "rb") as handle:  # efivarfs wants one read of the whole file
+                raw = handle.read(MAX_VARIABLE + 5)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise Error(f"cannot read {path}: {exc.strerror}") from None
+        if len(raw) < 4:
+            raise Error(f"{path}: truncated ({len(raw)} bytes, no attribute word)")
+        if len(raw) > MAX_VARIABLE + 4:
+            raise Error(f"{path}: larger than {MAX_VARIABLE} bytes")
+        attributes = struct.unpack_from("<I", raw)[0]
+        check_attributes(name, attributes, str(directory))
+        variables[name] = Variable(name, guid, attributes, raw[4:])
+    return variables
+
+
+# edk2: MdePkg/Include/Pi/PiFirmwareVolume.h, MdeModulePkg/Include/Guid/VariableFormat.h
+FV_NV_GUIDS = ("fff12b8d-7696-4c8b-a985-2747075b4f50",  # EFI_SYSTEM_NV_DATA_FV_GUID
+               "8d1b55ed-bebf-40b7-8246-d8bd7d64edbb")  # EDKII_NV_STORAGE_FV (some builds)
+AUTH_VARIABLE_GUID = "aaf32c78-947b-439a-a180-2e144ec37792"
+PLAIN_VARIABLE_GUID = "ddcf3616-3275-4164-98b6-fe85707ffe7d"
+VAR_START_ID = 0x55AA
+VAR_ADDED = 0x3F
+STORE_FORMATTED = 0x5A
+STORE_HEALTHY = 0xFE
+
+
+def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
+    """The report's variables from an edk2/OVMF NVRAM image, checked strictly.
+
+    Firmware volume header, then a variable store header, then variable headers
+    (authenticated or plain) back to back, 4-byte aligned; only entries in the VAR_ADDED
+    state count (deleted and half-written ones stay in the store until reclaim).
+    """
+    if len(data) < 0x48:
+        raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
+    fs_guid, fv_length, signature, _attrs, header_length, _cksum, _ext, _res, revision = \
+        struct.unpack_from("<16x16sQ4sIHHHBB", data, 0)
+    if signature != b"_FVH":
+        raise Error(f"{source}: not an edk2 firmware volume (no _FVH signature)")
+    if guid_str(fs_guid) not in FV_NV_GUIDS:
+        raise Error(f"{source}: firmware volume {guid_str(fs_guid)} is not a variable store")
+    if fv_length > len(data) or fv_length < header_length:
+        raise Error(f"{source}: firmware volume length {fv_length} does not fit the file "
+                    f"({len(data)} bytes)")
+    if header_length < 0x48 or header_length % 2 or header_length + 28 > fv_length:
+        raise Error(f"{source}: bad firmware volume header length {header_length}")
+    if sum(struct.unpack_from(f"<{header_length // 2}H", data, 0)) & 0xFFFF:
+        raise Error(f"{source}: firmware volume header checksum mismatch")
+    if revision != 2:
+        raise Error(f"{source}: firmware volume revision {revision} (expected 2)")
+    store_guid, store_size, store_format, store_state = struct.unpack_from(
+        "<16sIBB", data, header_length)
+    store_guid = guid_str(store_guid)
+    if store_guid == AUTH_VARIABLE_GUID:
+        authenticated = True
+    elif store_guid == PLAIN_VARIABLE_GUID:
+        authenticated = False
+    else:
+        raise Error(f"{source}: unknown variable store signature {store_guid}")
+    if store_format != STORE_FORMATTED or store_state != STORE_HEALTHY:
+        raise Error(f"{source}: variable store is not formatted and healthy "
+                    f"(format 0x{store_format:02x}, state 0x{store_state:02x})")
+    if store_size < 28 or header_length + store_size > fv_length:
+        raise Error(f"{source}: variable store size {store_size} exceeds the volume")
+    end = header_length + store_size
+    header_size = 60 if authenticated else 32
+    offset = (header_length + 28 + 3) & ~3
+    wanted = {(name, guid) for name, guid in VARIABLES.items()}
+    variables: Dict[str, Variable] = {}
+    while offset + header_size <= end:
+        start_id = struct.unpack_from("<H", data, offset)[0]
+        if start_id == 0xFFFF:
+            break  # the erased rest of the store
+        if start_id != VAR_START_ID:
+            raise Error(f"{source}: corrupt variable header at byte {offset} "
+                        f"(start 0x{start_id:04x})")
+        if authenticated:
+            (_sid, state, _r, attributes, _count, _time, _pki, name_size, data_size,
+             vendor) = struct.unpack_from("<HBBIQ16sIII16s", data, offset)
+        else:
+            _sid, state, _r, attributes, name_size, data_size, vendor = struct.unpack_from(
+                "<HBBIII16s", data, offset)
+        where = f"{source}: variable at byte {offset}"
+        if name_size < 2 or name_size % 2 or name_size > 1024:
+            raise Error(f"{where}: bad name size {name_size}")
+        name_at = offset + header_size
+        data_at = name_at + name_size
+        if data_size > end - data_at or data_at > end:
+            raise Error(f"{where}: data size {data_size} runs past the variable store")
+        raw_name = data[name_at:data_at]
+        if raw_name[-2:] != b"\0\0":
+            raise Error(f"{where}: name is not NUL-terminated")
+        try:
+            name = raw_name[:-2].decode("utf-16-le")
+        except UnicodeDecodeError:
+            raise Error(f"{where}: name is not UTF-16") from None
+        guid = guid_str(vendor)
+        if state == VAR_ADDED and (name, guid) in wanted:
+            check_attributes(name, attributes, source)
+            variables[name] = Variable(name, guid, attributes,
+                                       bytes(data[data_at:data_at + data_size]))
+        offset = (data_at + data_size + 3) & ~3
+    else:
+        if offset < end and data[offset:end].strip(b"\xff"):
+            raise Error(f"{source}: truncated variable header at byte {offset}")
+    return variables
+
+
+def read_varstore(path: Path) -> Dict[str, Variable]:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_VARSTORE + 1)
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_VARSTORE:
+        raise Error(f"{path}: larger than {MAX_VARSTORE >> 20} MiB, not a varstore")
+    return parse_varstore(data, str(path))
+
+
+def boolean_variable(variables: Dict[str, Variable], name: str, source: str) -> Optional[bool]:
+    """SecureBoot/SetupMode: exactly one byte, 0 or 1; None when absent."""
+    variable = variables.get(name)
+    if variable is None:
+        return None
+    if len(variable.data) != 1 or variable.data[0] > 1:
+        raise Error(f"{source}: {name}: expected one byte 0 or 1, got "
+                    f"{variable.data[:8].hex() or 'nothing'}")
+    return variable.data[0] == 1
+
+
+# --- PE images and their Authenticode signatures ---------------------------------------------
+
+
+@dataclass
+class Signature:
+    """One WIN_CERTIFICATE of type PKCS#7 SignedData: the certificates it carries."""
+
+    index: int
+    certs: List[x509.Certificate]
+    digest_found: bool  # the image's Authenticode SHA-256 digest is in the signed content
+
+
+@dataclass
+class PeImage:
+    path: str
+    sha256: str  # Authenticode digest (what dbx hash entries revoke)
+    signatures: List[Signature] = field(default_factory=list)
+
+
+def der_length(blob: bytes) -> int:
+    """Length of the outer DER element of blob (tag, length, contents)."""
+    if len(blob) < 2 or blob[0] != 0x30:
+        raise ValueError("not a DER SEQUENCE")
+    first = blob[1]
+    if first < 0x80:
+        return 2 + first
+    count = first & 0x7F
+    if count == 0 or count > 4 or len(blob) < 2 + count:
+        raise ValueError("bad DER length")
+    return 2 + count + int.from_bytes(blob[2:2 + count], "big")
+
+
+def parse_pe(data: bytes, source: str) -> PeImage:
+    """The Authenticode digest and signatures of a PE/COFF image, checked strictly."""
+    if len(data) < 0x40 or data[:2] != b"MZ":
+        raise Error(f"{source}: not a PE image (no MZ header)")
+    pe = struct.unpack_from("<I", data, 0x3C)[0]
+    if pe > len(data) - 24 or data[pe:pe + 4] != b"PE\0\0":
+        raise Error(f"{source}: not a PE image (no PE signature)")
+    optional_size = struct.unpack_from("<H", data, pe + 20)[0]
+    optional = pe + 24
+    if optional + optional_size > len(data) or optional_size < 2:
+        raise Error(f"{source}: optional header runs past the end of the file")
+    magic = struct.unpack_from("<H", data, optional)[0]
+    if magic == 0x10B:
+        rva_count_at = optional + 92
+    elif magic == 0x20B:
+        rva_count_at = optional + 108
+    else:
+        raise Error(f"{source}: unknown optional header magic 0x{magic:04x}")
+    if rva_count_at + 4 > optional + optional_size:
+        raise Error(f"{source}: optional header too short")
+    rva_count = struct.unpack_from("<I", data, rva_count_at)[0]
+    security_entry = rva_count_at + 4 + 8 * 4
+    if rva_count < 5 or security_entry + 8 > optional + optional_size:
+        raise Error(f"{source}: image has no security data directory")
+    cert_offset, cert_size = struct.unpack_from("<II", data, security_entry)
+    checksum_at = optional + 64
+    if cert_size and (cert_offset < security_entry + 8 or cert_offset + cert_size > len(data)):
+        raise Error(f"{source}: certificate table ({cert_offset}+{cert_size}) lies outside "
+                    f"the file ({len(data)} bytes)")
+    # Authenticode digest: everything except the checksum, the security directory entry
+    # and the certificate table itself (sbsign's and pesign's layout: the table is last).
+    view = memoryview(data)  # no copies of a megabyte-sized image
+    digest = hashlib.sha256()
+    digest.update(view[:checksum_at])
+    digest.update(view[checksum_at + 4:security_entry])
+    if cert_size:
+        digest.update(view[security_entry + 8:cert_offset])
+        digest.update(view[cert_offset + cert_size:])
+    else:
+        digest.update(view[security_entry + 8:])
+    image = PeImage(source, digest.hexdigest())
+    raw_digest = digest.digest()
+    offset = cert_offset
+    index = 0
+    while cert_size and offset < cert_offset + cert_size:
+        index += 1
+        where = f"{source}: WIN_CERTIFICATE {index} at byte {offset}"
+        if cert_offset + cert_size - offset < 8:
+            raise Error(f"{where}: truncated header")
+        length, revision, cert_type = struct.unpack_from("<IHH", data, offset)
+        if length < 8 or offset + length > cert_offset + cert_size:
+            raise Error(f"{where}: length {length} runs past the certificate table")
+        if revision not in (0x100, 0x200):
+            raise Error(f"{where}: unknown revision 0x{revision:04x}")
+        if cert_type != 2:
+            raise Error(f"{where}: type {cert_type} is not PKCS#7 SignedData (2)")
+        blob = data[offset + 8:offset + length]
+        try:
+            blob = blob[:der_length(blob)]
+            with warnings.catch_warnings():
+                # e.g. "negative serial number": hostile input must not print warnings.
+                warnings.simplefilter("ignore")
+                certs = pkcs7.load_der_pkcs7_certificates(bytes(blob))
+        except Exception as exc:  # cryptography raises ValueError and friends
+            raise Error(f"{where}: not a PKCS#7 SignedData structure "
+                        f"({exc.__class__.__name__})") from None
+        image.signatures.append(Signature(index, list(certs), raw_digest in blob))
+        offset += (length + 7) & ~7
+    return image
+
+
+def read_pe(path: Path) -> PeImage:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PE + 1)
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_PE:
+        raise Error(f"{path}: larger than {MAX_PE >> 20} MiB, not a boot loader")
+    return parse_pe(data, str(path))
+
+
+# --- certificates -------------------------------------------------------------------------------
+
+
+def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether issuer's key signed cert (names match and the signature verifies)."""
+    if cert.issuer != issuer.subject:
+        return False
+    key = issuer.public_key()
+    try:
+        if isinstance(key, rsa.RSAPublicKey):
+            key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
+                       cert.signature_hash_algorithm)
+        elif isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(cert.signature, cert.tbs_certificate_bytes,
+                       ec.ECDSA(cert.signature_hash_algorithm))
+        else:
+            return False
+    except Exception:  # InvalidSignature, unsupported algorithms
+        return False
+    return True
+
+
+def fingerprint(cert: x509.Certificate, algorithm: str = "sha256") -> str:
+    return cert.fingerprint(hashes.SHA1() if algorithm == "sha1" else hashes.SHA256()).hex()

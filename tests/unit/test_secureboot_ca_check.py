@@ -1,0 +1,678 @@
+"""Unit tests for secureboot-ca-check: parsers on real and generated inputs, verdicts, fuzz."""
+
+import datetime
+import json
+import random
+import struct
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from debadmin.errors import Error
+from debadmin.tools import secureboot_ca_check as sbc
+from debadmin.tools import secureboot_ca_check_efi as efi
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
+REAL = DATA / "real"
+OVMF = Path("/usr/share/OVMF")
+SHIM = Path("/usr/lib/shim/shimx64.efi.signed")
+needs_ovmf = pytest.mark.skipif(not (OVMF / "OVMF_VARS_4M.ms.fd").is_file(),
+                                reason="ovmf is not installed")
+needs_shim = pytest.mark.skipif(not SHIM.is_file(), reason="shim-signed is not installed")
+SHA256_TYPE = "c1c41626-504c-4092-aca9-41f936934328"
+NOW = datetime.datetime(2026, 11, 21, 12, 0, 0)
+
+
+# --- builders ------------------------------------------------------------------------------
+
+
+def guid(text: str) -> bytes:
+    return uuid.UUID(text).bytes_le
+
+
+def esl(sig_type: str, payloads, owner: str = efi.MICROSOFT_OWNER) -> bytes:
+    size = 16 + len(payloads[0])
+    body = b"".join(guid(owner) + p for p in payloads)
+    return guid(sig_type) + struct.pack("<III", 28 + len(body), 0, size) + body
+
+
+def cert_esl(*certs: x509.Certificate, owner: str = efi.MICROSOFT_OWNER) -> bytes:
+    return b"".join(esl(efi.CERT_X509, [c.public_bytes(serialization.Encoding.DER)], owner)
+                    for c in certs)
+
+
+def make_cert(cn: str, org: str = "Example", days: int = 3650, expired: bool = False,
+              issuer=None, issuer_key=None):
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn),
+                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, org)])
+    start = NOW - datetime.timedelta(days=days + 10 if expired else 10)
+    end = NOW - datetime.timedelta(days=5) if expired else NOW + datetime.timedelta(days=days)
+    cert = (x509.CertificateBuilder().subject_name(name)
+            .issuer_name(issuer.subject if issuer else name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .sign(issuer_key or key, hashes.SHA256()))
+    return cert, key
+
+
+def real_cert(name: str) -> x509.Certificate:
+    return x509.load_der_x509_certificate((REAL / name).read_bytes())
+
+
+def write_efivars(directory: Path, variables: dict, attributes: dict = None) -> Path:
+    """An efivarfs-format directory: NAME-GUID files, a u32 attribute word, then the data."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in variables.items():
+        attrs = (attributes or {}).get(name)
+        if attrs is None:
+            attrs = 0x27 if name in efi.AUTHENTICATED else (
+                0x06 if name.endswith("Default") or name == "SetupMode" else 0x06)
+        (directory / f"{name}-{efi.VARIABLES[name]}").write_bytes(
+            struct.pack("<I", attrs) + data)
+    return directory
+
+
+def ms_variables(**extra) -> dict:
+    """The real PK/KEK/db/dbx of Debian's OVMF_VARS_4M.ms.fd, Secure Boot on."""
+    variables = {name: (REAL / f"ovmf-ms-{name}.esl").read_bytes()
+                 for name in ("PK", "KEK", "db", "dbx")}
+    variables.update(SecureBoot=b"\x01", SetupMode=b"\x00")
+    variables.update(extra)
+    return variables
+
+
+def make_varstore(variables, states=None, size=0x84000) -> bytes:
+    """An edk2 NVRAM image like OVMF's 4M one: FV header, auth store header, variables."""
+    header_length = 72
+    fv = bytearray(b"\xff" * size)
+    header = struct.pack("<16s16sQ4sIHHHBB", b"\0" * 16, guid(efi.FV_NV_GUIDS[0]), size,
+                         b"_FVH", 0x4FEFF, header_length, 0, 0, 0, 2)
+    header += struct.pack("<II", size // 0x1000, 0x1000) + struct.pack("<II", 0, 0)
+    checksum = (-sum(struct.unpack(f"<{len(header) // 2}H", header))) & 0xFFFF
+    header = header[:50] + struct.pack("<H", checksum) + header[52:]
+    fv[:header_length] = header
+    store_size = 0x3FFB8
+    fv[header_length:header_length + 28] = struct.pack(
+        "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0)
+    offset = header_length + 28
+    for name, data in variables:
+        vendor = efi.VARIABLES.get(name, efi.GLOBAL_GUID)
+        raw_name = (name + "\0").encode("utf-16-le")
+        attrs = 0x27 if name in efi.AUTHENTICATED else 0x07
+        state = (states or {}).get(name, efi.VAR_ADDED)
+        var = struct.pack("<HBBIQ16sIII16s", 0x55AA, state, 0, attrs, 0, b"\0" * 16, 0,
+                          len(raw_name), len(data), guid(vendor)) + raw_name + data
+        fv[offset:offset + len(var)] = var
+        offset = (offset + len(var) + 3) & ~3
+    return bytes(fv)
+
+
+def run(capsys, *argv):
+    rc = sbc.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_json(capsys, *argv):
+    rc, out, err = run(capsys, "--json", *argv)
+    return rc, json.loads(out)
+
+
+# --- signature lists -------------------------------------------------------------------------
+
+
+def test_real_ovmf_lists_identify_microsoft_by_fingerprint():
+    kek = efi.parse_signature_lists((REAL / "ovmf-ms-KEK.esl").read_bytes(), "KEK")
+    db = efi.parse_signature_lists((REAL / "ovmf-ms-db.esl").read_bytes(), "db")
+    dbx = efi.parse_signature_lists((REAL / "ovmf-ms-dbx.esl").read_bytes(), "dbx")
+    ids = [sbc.KNOWN_CAS.get(efi.fingerprint(e.cert), ("-",))[0] for e in kek + db]
+    assert ids == ["-", "kek_ca_2011", "windows_production_pca_2011", "uefi_ca_2011"]
+    assert [e.owner for e in db] == [efi.MICROSOFT_OWNER] * 2
+    assert [(e.kind, len(e.data)) for e in dbx] == [("sha256", 32)]
+
+
+def test_real_shim_ca_certificates_match_the_reference_table():
+    for name, ca_id in (("microsoft-uefi-ca-2011.der", "uefi_ca_2011"),
+                        ("microsoft-uefi-ca-2023.der", "uefi_ca_2023")):
+        assert sbc.KNOWN_CAS[efi.fingerprint(real_cert(name))][0] == ca_id
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d[:20], "truncated header"),
+    (lambda d: d[:-1], "runs past the end"),
+    (lambda d: d[:16] + struct.pack("<I", len(d) + 100) + d[20:], "runs past the end"),
+    (lambda d: guid("01234567-89ab-cdef-0123-456789abcdef") + d[16:], "unknown signature type"),
+    (lambda d: d[:20] + struct.pack("<I", 4) + d[24:], "header size 4"),
+    (lambda d: d[:24] + struct.pack("<I", 16) + d[28:], "signature size 16"),
+    (lambda d: d[:16] + struct.pack("<I", 28) + d[20:28], "not a whole number"),
+    (lambda d: d[:44] + b"\x31" + d[45:], "not a DER X.509 certificate"),
+    (lambda d: d + b"\0" * 10, "truncated header"),
+])
+def test_malformed_signature_lists(mutate, message):
+    data = (REAL / "ovmf-ms-db.esl").read_bytes()
+    with pytest.raises(Error, match=message):
+        efi.parse_signature_lists(mutate(data), "db")
+
+
+def test_sha256_list_with_wrong_entry_size():
+    data = esl(SHA256_TYPE, [b"\0" * 20])
+    with pytest.raises(Error, match="signature size 36 is wrong for sha256"):
+        efi.parse_signature_lists(data, "dbx")
+
+
+def test_zero_padded_certificate_is_accepted_garbage_is_not():
+    der = real_cert("microsoft-uefi-ca-2023.der").public_bytes(serialization.Encoding.DER)
+    entries = efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0" * 16]), "db")
+    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
+        efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0junk"]), "db")
+    with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
+        efi.parse_signature_lists(esl(efi.CERT_X509, [der[:-1]]), "db")
+
+
+def test_empty_variable_has_no_entries():
+    assert efi.parse_signature_lists(b"", "dbx") == []
+
+
+# --- efivarfs ----------------------------------------------------------------------------------
+
+
+def test_real_ms_keys_need_action(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == doc["exit_status"] == 1
+    report = doc["reports"][0]
+    assert report["verdict"] == "action-needed"
+    assert report["secure_boot_active"] and report["pk_owner"].startswith("Debian UEFI")
+    codes = {f["code"]: f["severity"] for f in report["findings"]}
+    assert codes["kek-2023-missing"] == "action"
+    assert codes["db-uefi-ca-2023-missing"] == "action"
+    assert codes["expired"] == "info"
+    cas = report["microsoft_cas"]
+    assert cas["kek_ca_2011"]["in_kek"] and cas["uefi_ca_2011"]["in_db"]
+    assert cas["kek_2k_ca_2023"]["in_kek"] is False and cas["uefi_ca_2023"]["in_db"] is False
+    assert cas["kek_2k_ca_2023"]["in_kekdefault"] is None  # variable absent
+    kek = report["variables"]["KEK"]["certificates"]
+    assert kek[1]["microsoft_ca"] == "kek_ca_2011" and kek[1]["expired"]
+    assert kek[1]["not_after"] == "2026-06-24T20:51:29Z"
+    assert any("PCR 7" in step for step in report["next_steps"])
+    assert any("fwupd" in step for step in report["next_steps"])
+
+
+def test_db_with_uefi_ca_2023_leaves_only_the_kek(tmp_path, capsys):
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    codes = {f["code"] for f in doc["reports"][0]["findings"]}
+    assert rc == 1
+    assert "kek-2023-missing" in codes and "db-uefi-ca-2023-missing" not in codes
+
+
+def test_all_2023_present_is_ok(tmp_path):
+    """The verdict logic with a KEK stand-in: no Debian package ships the real KEK 2023."""
+    stand_in, _ = make_cert("Stand-in KEK 2023", org="Test")
+    known = {fp: v for fp, v in sbc.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
+    known[efi.fingerprint(stand_in)] = ("kek_2k_ca_2023", "Stand-in KEK 2023", "KEK")
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(stand_in)
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek, db=db))
+    report = sbc.build_report("efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path,
+                              NOW, known)
+    assert report["verdict"] == "ok" and report["exit_status"] == 0
+    assert not [f for f in report["findings"] if f["severity"] == "action"]
+    # Factory defaults without the 2023 certificates: a warning, not an action.
+    efivars2 = write_efivars(tmp_path / "efivars2", ms_variables(
+        KEK=kek, db=db, KEKDefault=(REAL / "ovmf-ms-KEK.esl").read_bytes(),
+        dbDefault=(REAL / "ovmf-ms-db.esl").read_bytes()))
+    report = sbc.build_report("efivars", str(efivars2), efi.read_efivars(efivars2), [],
+                              tmp_path, NOW, known)
+    assert report["exit_status"] == 0
+    warning = [f for f in report["findings"] if f["code"] == "defaults-lack-2023"]
+    assert warning and "KEKDefault" in warning[0]["message"]
+    assert "dbDefault" in warning[0]["message"]
+    assert any("restore factory keys" in s for s in report["next_steps"])
+
+
+def test_lookalike_is_flagged(tmp_path, capsys):
+    fake, _ = make_cert("Microsoft Corporation KEK 2K CA 2023", org="Microsoft Corporation")
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(fake)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    certs = report["variables"]["KEK"]["certificates"]
+    assert certs[-1]["lookalike"] and certs[-1]["microsoft_ca"] is None
+    assert report["microsoft_cas"]["kek_2k_ca_2023"]["in_kek"] is False
+    codes = {f["code"]: f["severity"] for f in report["findings"]}
+    assert rc == 1 and codes["lookalike"] == "action" and "kek-2023-missing" in codes
+    rc, out, _ = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert "LOOK-ALIKE" in out
+
+
+def test_test_key_pk_and_expired_cert(tmp_path, capsys):
+    ami, _ = make_cert("DO NOT TRUST - AMI Test PK", org="AMI")
+    old, _ = make_cert("Old own db key", expired=True)
+    efivars = write_efivars(tmp_path / "efivars", {
+        "SecureBoot": b"\x01", "SetupMode": b"\x00", "PK": cert_esl(ami, owner=efi.GLOBAL_GUID),
+        "KEK": cert_esl(ami), "db": cert_esl(old), "dbx": b""})
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    # Only the owner's keys: nothing to do about the Microsoft CAs, but warned.
+    assert rc == 0 and report["microsoft_managed"] is False
+    assert report["pk_owner"] == "DO NOT TRUST - AMI Test PK"
+    warnings = [f for f in report["findings"] if f["code"] == "test-key"]
+    assert warnings and warnings[0]["message"].startswith("PK, KEK:")
+    db = report["variables"]["db"]["certificates"][0]
+    assert db["expired"] and not db["test_key"]
+
+
+def test_secure_boot_off_is_not_applicable_but_reported(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(SecureBoot=b"\x00"))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 3 and err == ""
+    assert "Microsoft Corporation KEK CA 2011" in out and "Verdict: not applicable" in out
+
+
+def test_setup_mode_is_not_active(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(SetupMode=b"\x01"))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 3 and any(f["code"] == "setup-mode" for f in doc["reports"][0]["findings"])
+
+
+def test_no_uefi(tmp_path, capsys):
+    rc, out, err = run(capsys, "--root", str(tmp_path))
+    assert rc == 3 and out == ""
+    assert err.count("\n") == 1 and "did not boot with UEFI" in err
+
+
+@pytest.mark.parametrize("name,attrs,data,message", [
+    ("db", 0xDEADBEEF, b"", "undefined attribute bits"),
+    ("db", 0x07, b"", "lack non-volatile, runtime or time-based"),
+    ("KEK", 0x3F, b"", "not those of a Secure Boot variable"),
+    ("SecureBoot", 0x06, b"\x01\x00", "expected one byte"),
+    ("SecureBoot", 0x06, b"\x07", "expected one byte"),
+    ("SetupMode", 0x01, b"\x00", "lack boot-service access"),
+])
+def test_malformed_efivars(tmp_path, capsys, name, attrs, data, message):
+    variables = ms_variables()
+    variables[name] = data
+    efivars = write_efivars(tmp_path / "efivars", variables, {name: attrs})
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_oversized_efivars_file(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    (efivars / f"dbx-{efi.IMAGE_SECURITY_GUID}").write_bytes(b"\x27\0\0\0" + b"\0" * (2 << 20))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and "larger than 1048576 bytes" in err
+
+
+def test_truncated_efivars_file(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    (efivars / f"KEK-{efi.GLOBAL_GUID}").write_bytes(b"\x27\0")
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and "truncated (2 bytes" in err
+
+
+# --- varstores -----------------------------------------------------------------------------------
+
+
+def generated_ms_varstore(states=None) -> bytes:
+    order = [("CustomMode", b"\0")] + [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes())
+                                       for n in ("db", "dbx", "KEK", "PK")]
+    return make_varstore(order, states)
+
+
+def test_generated_varstore(tmp_path, capsys):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(generated_ms_varstore())
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    report = doc["reports"][0]
+    assert rc == 1 and report["source"] == {"kind": "varstore", "path": str(path)}
+    assert report["secure_boot"] and report["microsoft_cas"]["uefi_ca_2011"]["in_db"]
+
+
+def test_varstore_only_added_entries_count(tmp_path, capsys):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(generated_ms_varstore(states={"PK": 0x3C}))  # PK deleted
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    assert rc == 3 and doc["reports"][0]["pk_owner"] is None
+
+
+def corrupt(data: bytes, offset: int, raw: bytes) -> bytes:
+    return data[:offset] + raw + data[offset + len(raw):]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d[:40], "too short"),
+    (lambda d: corrupt(d, 40, b"_FVX"), "no _FVH signature"),
+    (lambda d: corrupt(d, 16, b"\x11" * 16), "is not a variable store"),
+    (lambda d: corrupt(d, 32, struct.pack("<Q", 1 << 40)), "does not fit the file"),
+    (lambda d: corrupt(d, 50, b"\x12\x34"), "checksum mismatch"),
+    (lambda d: corrupt(d, 72, b"\x22" * 16), "unknown variable store signature"),
+    (lambda d: corrupt(d, 72 + 20, b"\x00"), "not formatted and healthy"),
+    (lambda d: corrupt(d, 100, b"\x34\x12"), "corrupt variable header"),
+    (lambda d: corrupt(d, 100 + 36, struct.pack("<I", 0x7FFFFFF0)), "bad name size"),
+    (lambda d: corrupt(d, 100 + 40, struct.pack("<I", 0x7FFFFFF0)), "runs past the variable"),
+    (lambda d: d[:0x84000 - 1], "does not fit the file"),
+])
+def test_corrupt_varstore(tmp_path, capsys, mutate, message):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(mutate(generated_ms_varstore()))
+    rc, out, err = run(capsys, "--varstore", str(path))
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_missing_varstore(tmp_path, capsys):
+    rc, out, err = run(capsys, "--varstore", str(tmp_path / "nope.fd"))
+    assert rc == 2 and "cannot read" in err and out == ""
+
+
+@needs_ovmf
+@pytest.mark.parametrize("name,status,verdict", [
+    ("OVMF_VARS_4M.ms.fd", 1, "action-needed"),
+    ("OVMF_VARS_4M.snakeoil.fd", 0, "ok"),
+    ("OVMF_VARS_4M.fd", 3, "not-applicable"),
+    ("OVMF_VARS.ms.fd", 1, "action-needed"),
+])
+def test_real_ovmf_varstores(capsys, name, status, verdict):
+    rc, doc = run_json(capsys, "--varstore", str(OVMF / name))
+    assert rc == status and doc["reports"][0]["verdict"] == verdict
+
+
+@needs_ovmf
+def test_real_varstore_matches_committed_copies():
+    variables = efi.read_varstore(OVMF / "OVMF_VARS_4M.ms.fd")
+    for name in ("PK", "KEK", "db", "dbx"):
+        assert variables[name].data == (REAL / f"ovmf-ms-{name}.esl").read_bytes()
+        assert variables[name].attributes == 0x27
+
+
+@needs_ovmf
+def test_several_varstores_one_report_each(capsys):
+    rc, doc = run_json(capsys, "--varstore", str(OVMF / "OVMF_VARS_4M.snakeoil.fd"),
+                       "--varstore", str(OVMF / "OVMF_VARS_4M.fd"))
+    assert rc == 0 and [r["verdict"] for r in doc["reports"]] == ["ok", "not-applicable"]
+    snakeoil = doc["reports"][0]
+    assert snakeoil["microsoft_managed"] is False
+    assert any(f["code"] == "test-key" for f in snakeoil["findings"])
+
+
+# --- shim ----------------------------------------------------------------------------------------
+
+
+@needs_shim
+def test_real_shim_signatures():
+    image = efi.read_pe(SHIM)
+    assert len(image.signatures) == 2 and all(s.digest_found for s in image.signatures)
+    cas = [[sbc.KNOWN_CAS.get(efi.fingerprint(c), ("-",))[0] for c in s.certs]
+           for s in image.signatures]
+    assert "uefi_ca_2011" in cas[0] and "uefi_ca_2023" in cas[1]
+
+
+@needs_shim
+def test_real_shim_acceptance(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "ms", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(SHIM))
+    shim = doc["reports"][0]["shims"][0]
+    assert shim["accepted"]
+    assert shim["signatures"][0]["chains_to_db"] == ["Microsoft Corporation UEFI CA 2011"]
+    assert shim["signatures"][1]["chains_to_db"] == []
+    # Only UEFI CA 2023 in db, and the 2011 CA revoked in dbx: the 2023 signature carries it.
+    db = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    dbx = cert_esl(real_cert("microsoft-uefi-ca-2011.der"))
+    efivars = write_efivars(tmp_path / "new", ms_variables(db=db, dbx=dbx))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(SHIM))
+    shim = doc["reports"][0]["shims"][0]
+    assert shim["accepted"]
+    assert shim["signatures"][0]["revoked_by_dbx"] == ["Microsoft Corporation UEFI CA 2011"]
+    assert shim["signatures"][1]["chains_to_db"] == ["Microsoft UEFI CA 2023"]
+    # The image's own hash in dbx: refused, whatever signs it.
+    image_hash = bytes.fromhex(efi.read_pe(SHIM).sha256)
+    dbx = esl(SHA256_TYPE, [image_hash])
+    efivars = write_efivars(tmp_path / "revoked", ms_variables(dbx=dbx))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(SHIM))
+    shim = doc["reports"][0]["shims"][0]
+    assert rc == 1 and not shim["accepted"] and shim["hash_in_dbx"]
+    assert any(f["code"] == "shim-not-accepted" and f["severity"] == "action"
+               for f in doc["reports"][0]["findings"])
+
+
+@needs_shim
+def test_default_shim_under_root(tmp_path, capsys):
+    target = tmp_path / "usr/lib/shim/shimx64.efi.signed"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(SHIM.read_bytes())
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert [s["path"] for s in doc["reports"][0]["shims"]] == [str(target)]
+
+
+def minimal_pe(cert_table: bytes = b"", cert_offset=None) -> bytes:
+    """A PE32+ header with a security directory pointing at cert_table, appended."""
+    pe = 0x80
+    optional_size = 240
+    data = bytearray(pe + 24 + optional_size)
+    data[:2] = b"MZ"
+    struct.pack_into("<I", data, 0x3C, pe)
+    data[pe:pe + 4] = b"PE\0\0"
+    struct.pack_into("<HHIIIHH", data, pe + 4, 0x8664, 0, 0, 0, 0, optional_size, 0x22)
+    struct.pack_into("<H", data, pe + 24, 0x20B)
+    struct.pack_into("<I", data, pe + 24 + 108, 16)
+    offset = len(data) if cert_offset is None else cert_offset
+    struct.pack_into("<II", data, pe + 24 + 112 + 32, offset if cert_table else 0,
+                     len(cert_table))
+    return bytes(data) + cert_table
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"ZM" + b"\0" * 100, "no MZ header"),
+    (minimal_pe()[:0x90], "no PE signature"),
+    (minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\0" * 8, cert_offset=10 ** 6),
+     "lies outside the file"),
+    (minimal_pe(struct.pack("<IHH", 16, 0x200, 1) + b"\0" * 8), "is not PKCS#7"),
+    (minimal_pe(struct.pack("<IHH", 16, 0x300, 2) + b"\0" * 8), "unknown revision"),
+    (minimal_pe(struct.pack("<IHH", 64, 0x200, 2) + b"\0" * 8), "runs past"),
+    (minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\x30\x06garbag"), "not a PKCS#7"),
+])
+def test_malformed_pe(tmp_path, capsys, data, message):
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(data)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(shim))
+    assert rc == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_real_certificate_table_on_another_image(tmp_path, capsys):
+    """The shim's real signatures on an image they do not cover: identified, not accepted."""
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(minimal_pe((REAL / "shimx64-certificate-table.bin").read_bytes()))
+    image = efi.read_pe(shim)
+    assert [len(s.certs) for s in image.signatures] == [2, 2]
+    assert not any(s.digest_found for s in image.signatures)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(shim))
+    result = doc["reports"][0]["shims"][0]
+    assert result["signatures"][0]["chains_to_db"] == ["Microsoft Corporation UEFI CA 2011"]
+    assert not result["signatures"][0]["digest_matches"] and not result["accepted"]
+    assert [c["microsoft_ca"] for c in result["signatures"][1]["certificates"]] == [
+        None, "uefi_ca_2023"]
+
+
+def test_unsigned_pe_is_not_accepted(tmp_path, capsys):
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(minimal_pe())
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--shim", str(shim))
+    assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"] == []
+    assert not doc["reports"][0]["shims"][0]["accepted"]
+
+
+# --- fwupd, metrics, JSON ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stanza,installed,recent", [
+    ("Package: fwupd\nStatus: install ok installed\nVersion: 2.0.20-1~deb12u2\n", True, True),
+    ("Package: fwupd\nStatus: install ok installed\nVersion: 1.8.12-2\n", True, False),
+    ("Package: fwupd\nStatus: deinstall ok config-files\nVersion: 2.0.20-1\n", False, False),
+    ("Package: fwupd-amd64-signed\nStatus: install ok installed\nVersion: 9\n", False, False),
+])
+def test_fwupd_status(tmp_path, stanza, installed, recent):
+    status = tmp_path / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Package: base-files\nStatus: install ok installed\nVersion: 12.4\n\n"
+                      + stanza)
+    result = sbc.fwupd_status(tmp_path)
+    assert (result["installed"], result["recent_enough"]) == (installed, recent)
+
+
+def test_fwupd_absent_dpkg_status(tmp_path):
+    assert sbc.fwupd_status(tmp_path)["installed"] is False
+
+
+def test_textfile_metric(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--textfile-dir", str(textfile), "--quiet")
+    assert rc == 1 and "Verdict: action needed" in out and "Next steps" not in out
+    assert [p.name for p in textfile.iterdir()] == ["secureboot_ca_check.prom"]
+    metrics = (textfile / "secureboot_ca_check.prom").read_text()
+    assert "secureboot_ca_check_status 1\n" in metrics
+    assert (f'secureboot_ca_check_ca_present{{source="{efivars}",ca="kek_2k_ca_2023",'
+            'variable="KEK"} 0\n') in metrics
+    assert (f'secureboot_ca_check_ca_present{{source="{efivars}",ca="uefi_ca_2011",'
+            'variable="db"} 1\n') in metrics
+    # An error still updates the metric (status 2), and prints one line.
+    (efivars / f"db-{efi.IMAGE_SECURITY_GUID}").write_bytes(b"\x27\0\0\0garbage")
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--textfile-dir", str(textfile))
+    assert rc == 2 and out == ""
+    assert "secureboot_ca_check_status 2\n" in (textfile / "secureboot_ca_check.prom").read_text()
+    assert [p.name for p in textfile.iterdir()] == ["secureboot_ca_check.prom"]
+
+
+def test_textfile_dir_missing(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
+                       "--textfile-dir", str(tmp_path / "nope"))
+    assert rc == 2 and "textfile directory" in err
+
+
+def test_empty_options_mean_defaults(tmp_path, capsys):
+    """The timer's unit passes --efivars= and --textfile-dir= from an empty config."""
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--efivars=", "--textfile-dir=")
+    assert rc == 3 and "did not boot with UEFI" in err
+
+
+def test_json_fields_are_stable(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert set(doc) == {"reports", "exit_status"}
+    report = doc["reports"][0]
+    assert set(report) == {
+        "source", "secure_boot", "setup_mode", "secure_boot_active", "pk_owner", "variables",
+        "microsoft_cas", "shims", "fwupd", "microsoft_managed", "findings", "next_steps",
+        "verdict", "exit_status"}
+    assert set(report["variables"]) == {"PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault"}
+    assert set(report["variables"]["db"]) == {"attributes", "certificates", "hashes"}
+    assert set(report["variables"]["db"]["certificates"][0]) == {
+        "subject", "subject_cn", "issuer", "serial", "not_before", "not_after", "expired",
+        "sha256", "sha1", "owner", "microsoft_ca", "lookalike", "test_key"}
+    assert set(report["microsoft_cas"]["uefi_ca_2023"]) == {
+        "name", "belongs_in", "sha256", "in_kek", "in_db", "in_dbx", "in_kekdefault",
+        "in_dbdefault"}
+    assert set(report["fwupd"]) == {"installed", "version", "minimum", "recent_enough"}
+    assert set(report["findings"][0]) == {"code", "severity", "message"}
+
+
+# --- fuzz ----------------------------------------------------------------------------------------
+
+CLEAN = (Error,)
+
+
+def mutations(seed: bytes, rng: random.Random, count: int):
+    for _ in range(count):
+        data = bytearray(seed)
+        for _ in range(rng.randint(1, 8)):
+            choice = rng.random()
+            position = rng.randrange(len(data)) if data else 0
+            if choice < 0.5 and data:
+                data[position] = rng.randrange(256)
+            elif choice < 0.65:
+                del data[position:position + rng.randint(1, 64)]
+            elif choice < 0.8:
+                data[position:position] = bytes(rng.randrange(256)
+                                                for _ in range(rng.randint(1, 16)))
+            elif data:
+                # Interesting integers where sizes live.
+                value = rng.choice([0, 1, 27, 28, 0xFFFFFFFF, 0x7FFFFFFF, len(seed), 0x55AA])
+                data[position:position + 4] = struct.pack("<I", value)[:len(data) - position]
+        yield bytes(data)
+
+
+def fuzz_one(parser, seed: bytes, rng: random.Random, count: int):
+    for data in mutations(seed, rng, count):
+        try:
+            parser(data)
+        except CLEAN:
+            pass
+
+
+def test_fuzz_signature_lists():
+    rng = random.Random(20261121)
+    seed = (REAL / "ovmf-ms-db.esl").read_bytes() + esl(SHA256_TYPE, [b"\1" * 32, b"\2" * 32])
+    fuzz_one(lambda d: efi.parse_signature_lists(d, "fuzz"), seed, rng, 400)
+
+
+def test_fuzz_varstore():
+    rng = random.Random(5)
+    # Only the used part of the store is mutated; the erased rest stays 0xff.
+    image = generated_ms_varstore()
+    head = image[:0x2000]
+    fuzz_one(lambda d: efi.parse_varstore(d + image[0x2000:], "fuzz"), head, rng, 300)
+
+
+def test_fuzz_pe():
+    rng = random.Random(7)
+    cert = (REAL / "microsoft-uefi-ca-2023.der").read_bytes()
+    seed = minimal_pe(struct.pack("<IHH", 8 + len(cert), 0x200, 2) + cert)
+    fuzz_one(lambda d: efi.parse_pe(d, "fuzz"), seed, rng, 400)
+
+
+@pytest.mark.parametrize("path", sorted((DATA / "crashers").glob("*.bin")),
+                         ids=lambda p: p.name)
+def test_crashers_stay_fixed(path, tmp_path, capsys):
+    """Inputs the fuzz loop once broke: a clean result or a clean Error, nothing on stderr."""
+    kind = path.name.split("-")[0]
+    parser = {"esl": lambda d: efi.parse_signature_lists(d, "crasher"),
+              "varstore": lambda d: efi.parse_varstore(d, "crasher"),
+              "pe": lambda d: efi.parse_pe(d, "crasher")}[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            parser(path.read_bytes())
+        except Error:
+            pass
+    if kind == "esl":  # and through the whole tool, as db
+        efivars = write_efivars(tmp_path / "efivars", ms_variables(db=path.read_bytes()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+        assert rc in (1, 2) and err.count("\n") <= 1
