@@ -1,5 +1,6 @@
 """The command-line contract for every tool: --help, --version, man page, version."""
 
+import argparse
 import importlib
 import os
 import re
@@ -32,9 +33,9 @@ def long_options(parser):
     while actions:
         action = actions.pop()
         found.update(o for o in action.option_strings if o.startswith("--"))
-        for sub in getattr(action, "choices", None) or {}:
-            if hasattr(action.choices[sub], "_actions"):
-                actions.extend(action.choices[sub]._actions)
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                actions.extend(subparser._actions)
     return found
 
 
