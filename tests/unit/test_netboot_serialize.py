@@ -175,7 +175,8 @@ def test_speech_never_boots_by_itself(capsys, tmp_path):
     for name in ns.tree_names(tree):
         if name.endswith(".cfg") and (tree / name).is_file():
             for line in (tree / name).read_text().splitlines():
-                if line.split()[:1] in (["timeout"], ["ontimeout"]) and name != BS + "syslinux.cfg":
+                if line.split()[:1] in (["timeout"], ["ontimeout"]) \
+                        and name != BS + "syslinux.cfg":
                     assert line.split()[1] == "0", (name, line)
 
 
@@ -317,7 +318,7 @@ def test_json(capsys, tree):
     assert doc["serialized"] is True and doc["diff"] == "" and doc["written"] is False
 
 
-# --- trees that are not netboot trees ------------------------------------------------------------
+# --- trees that are not netboot trees --------------------------------------------------------
 
 
 def test_not_a_netboot_tree(capsys, tmp_path):
@@ -394,7 +395,7 @@ def test_tarball_in_place(capsys, tree, tmp_path):
     assert run(capsys, source, "--check", "--console", "ttyS1,115200n8")[0] == 0
 
 
-# --- hostile tarballs ------------------------------------------------------------------------------
+# --- hostile tarballs ----------------------------------------------------------------------
 
 
 def add(tar, name, data=b"x", **attrs):

@@ -154,7 +154,8 @@ def open_tarball(path: Path) -> tarfile.TarFile:
         raise Error(f"cannot read tarball {path}: {exc}") from None
 
 
-def read_members(path: Path, wanted: Callable[[str], bool]) -> Tuple[List[Member], Dict[str, bytes]]:
+def read_members(path: Path, wanted: Callable[[str], bool]
+                 ) -> Tuple[List[Member], Dict[str, bytes]]:
     """Validate the archive; return its members and the contents of the wanted files."""
     contents: Dict[str, bytes] = {}
     with open_tarball(path) as tar:
