@@ -217,6 +217,7 @@ def test_extra_args_around_separator(capsys, tree):
     ("install", "install", "Install"),
     ("expert", "expert", "Advanced options ...>... Expert install"),
     ("rescue", "rescue", "Advanced options ...>... Rescue mode"),
+    ("auto", "auto", "Advanced options ...>... Automated install"),
 ])
 def test_timeout_and_default(capsys, tree, entry, label, title):
     assert run(capsys, tree, "--timeout", "7", "--default", entry)[0] == 0
@@ -511,3 +512,52 @@ def test_symlinks_inside_are_fine():
     assert tree.resolve("a/b/out") is None
     tree.links["loop"] = "loop"
     assert tree.resolve("loop") is None
+
+
+# --- interrupted writes leave nothing half-written --------------------------------------------
+
+
+def test_interrupted_tree_output_leaves_nothing(capsys, tree, tmp_path, monkeypatch):
+    source = make_tarball(tree, tmp_path / "netboot.tar.gz")
+    dest = tmp_path / "out"
+    assert run(capsys, source, "-o", dest, "--console", "ttyS0,9600")[0] == 0
+    before = snapshot(dest)
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ns, "put_tree_in_place", boom)
+    code, _, err = run(capsys, source, "-o", dest, "--console", "ttyS1,115200n8")
+    assert code == 130 and "interrupted" in err
+    assert snapshot(dest) == before  # the old tree, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [tree.name, "netboot.tar.gz", "out"])
+
+
+def test_interrupted_tarball_output_leaves_old_tarball(capsys, tree, tmp_path, monkeypatch):
+    source = make_tarball(tree, tmp_path / "netboot.tar.gz")
+    dest = tmp_path / "out.tar.gz"
+    assert run(capsys, source, "-o", dest)[0] == 0
+    old = dest.read_bytes()
+
+    def half(path, members, out, replace, compress):
+        out.write(b"half a tarball")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nst, "rewrite", half)
+    code, _, _ = run(capsys, source, "-o", dest, "--console", "ttyS1,115200n8")
+    assert code == 130
+    assert dest.read_bytes() == old
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_in_place_write_failure_is_one_line(capsys, tree):
+    directory = tree / BS
+    os.chmod(directory, 0o555)
+    try:
+        if os.access(directory, os.W_OK):
+            pytest.skip("running as root: a read-only directory is still writable")
+        code, _, err = run(capsys, tree)
+        assert code == 2 and err.startswith("netboot-serialize: error: cannot write")
+    finally:
+        os.chmod(directory, 0o755)

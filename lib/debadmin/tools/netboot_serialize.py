@@ -639,6 +639,10 @@ def run(args: argparse.Namespace) -> int:
     report = Report(str(source), source_kind, str(dest) if dest else None, dest_kind,
                     installer_version(files.get(layout.version or "")), new, changes, mode)
     if mode == "apply":
+        if dest is None and source_kind == "tree" and changes and \
+                source.resolve().is_relative_to("/usr/lib/debian-installer"):
+            log.warning("%s belongs to a package: its next upgrade undoes these changes "
+                        "(use --output)", source)
         replace = {c.path: c.new for c in changes}
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
     if args.json:
