@@ -64,15 +64,31 @@ def make_tarball(tree: Path, path: Path) -> Path:
 # --- console specs and arguments -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("ttyS0,115200n8", (0, 115200)), ("ttyS1,115200", (1, 115200)), ("ttyS3,9600n8", (3, 9600)),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("ttyS0,115200n8", (0, 115200)),
+        ("ttyS1,115200", (1, 115200)),
+        ("ttyS3,9600n8", (3, 9600)),
+    ],
+)
 def test_parse_console(spec, expected):
     assert ns.parse_console(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["ttyS9,fast", "ttyS1", "ttyS4,115200", "ttyS1,12345",
-                                  "ttyS1,115200e7", "tty0", "ttyS1,115200n8;reboot", ""])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "ttyS9,fast",
+        "ttyS1",
+        "ttyS4,115200",
+        "ttyS1,12345",
+        "ttyS1,115200e7",
+        "tty0",
+        "ttyS1,115200n8;reboot",
+        "",
+    ],
+)
 def test_bad_console_exits_2_and_writes_nothing(capsys, tree, spec):
     before = snapshot(tree)
     code, out, err = run(capsys, tree, "--console", spec)
@@ -81,8 +97,9 @@ def test_bad_console_exits_2_and_writes_nothing(capsys, tree, spec):
     assert snapshot(tree) == before
 
 
-@pytest.mark.parametrize("extra", ["console=tty0", "a='b c'", "x=$(reboot)", "a=1 --- b --- c",
-                                   "foo}bar"])
+@pytest.mark.parametrize(
+    "extra", ["console=tty0", "a='b c'", "x=$(reboot)", "a=1 --- b --- c", "foo}bar"]
+)
 def test_bad_extra_args_exit_2(capsys, tree, extra):
     before = snapshot(tree)
     code, _, err = run(capsys, tree, "--extra-args", extra)
@@ -111,8 +128,11 @@ def test_syslinux_cfg_serial_first_directive(capsys, tree):
     assert directives[0] == "serial 1 115200"
     assert "timeout 0" in lines and not any(ln.startswith("ontimeout") for ln in lines)
     assert lines[0] == "# D-I config version 2.0"
-    prompt = [ln for ln in (tree / BS / "prompt.cfg").read_text().splitlines()
-              if ln.strip() and not ln.startswith("#")]
+    prompt = [
+        ln
+        for ln in (tree / BS / "prompt.cfg").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert prompt[0] == "serial 1 115200"
 
 
@@ -141,8 +161,9 @@ def test_kernel_lines_grub(capsys, tree):
     for line in linux:
         assert "vga=788" not in line
         assert line.startswith("    " if "    linux" in line else "")
-        assert line.split(" --- ")[-1].endswith("console=ttyS2,57600n8") or \
-            line.endswith("--- console=ttyS2,57600n8"), line
+        assert line.split(" --- ")[-1].endswith("console=ttyS2,57600n8") or line.endswith(
+            "--- console=ttyS2,57600n8"
+        ), line
 
 
 def test_grub_serial_block_after_gfxterm(capsys, tree):
@@ -151,8 +172,10 @@ def test_grub_serial_block_after_gfxterm(capsys, tree):
     gfx = lines.index("  terminal_output gfxterm")
     serial = lines.index("serial --unit=1 --speed=115200 --word=8 --parity=no --stop=1")
     assert lines[gfx + 1] == "fi" and serial == gfx + 3
-    assert lines[serial + 1:serial + 3] == ["terminal_input serial console",
-                                            "terminal_output serial console"]
+    assert lines[serial + 1 : serial + 3] == [
+        "terminal_input serial console",
+        "terminal_output serial console",
+    ]
     # After this block nothing switches the terminal back to gfxterm.
     assert not any("terminal_output" in ln and "gfxterm" in ln for ln in lines[serial:])
 
@@ -162,21 +185,28 @@ def test_speech_never_boots_by_itself(capsys, tmp_path):
     copy_fixture("gtk", tree)
     assert b"\ntimeout 300\n" in (tree / BS / "spk.cfg").read_bytes()
     assert run(capsys, tree)[0] == 0
-    active = [ln for ln in (tree / BS / "spk.cfg").read_text().splitlines()
-              if ln.strip() and not ln.lstrip().startswith("#")]
-    assert not any(ln.split()[0] in ("timeout", "ontimeout") or ln.startswith("menu autoboot")
-                   for ln in active)
+    active = [
+        ln
+        for ln in (tree / BS / "spk.cfg").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    assert not any(
+        ln.split()[0] in ("timeout", "ontimeout") or ln.startswith("menu autoboot")
+        for ln in active
+    )
     # With an unattended timeout the default is the text installer, never speech.
     assert run(capsys, tree, "--timeout", "10")[0] == 0
     syslinux = (tree / BS / "syslinux.cfg").read_text()
     ontimeout = [ln for ln in syslinux.splitlines() if ln.startswith("ontimeout")]
     assert len(ontimeout) == 1 and "speakup" not in ontimeout[0]
-    assert "set default=\"Install\"" in (tree / GRUB).read_text()
+    assert 'set default="Install"' in (tree / GRUB).read_text()
     for name in ns.tree_names(tree):
         if name.endswith(".cfg") and (tree / name).is_file():
             for line in (tree / name).read_text().splitlines():
-                if line.split()[:1] in (["timeout"], ["ontimeout"]) \
-                        and name != BS + "syslinux.cfg":
+                if (
+                    line.split()[:1] in (["timeout"], ["ontimeout"])
+                    and name != BS + "syslinux.cfg"
+                ):
                     assert line.split()[1] == "0", (name, line)
 
 
@@ -197,35 +227,56 @@ def test_help_files_and_symlinks_untouched(capsys, tree):
 def test_also_vga(capsys, tree):
     assert run(capsys, tree, "--console", "ttyS1,115200", "--also-vga")[0] == 0
     line = [ln for ln in (tree / BS / "txt.cfg").read_text().splitlines() if "append" in ln][0]
-    assert line == ("\tappend vga=788 initrd=debian-installer/amd64/initrd.gz --- quiet "
-                    "console=tty0 console=ttyS1,115200n8 ")
+    assert line == (
+        "\tappend vga=788 initrd=debian-installer/amd64/initrd.gz --- quiet "
+        "console=tty0 console=ttyS1,115200n8 "
+    )
 
 
 def test_extra_args_around_separator(capsys, tree):
-    assert run(capsys, tree, "--extra-args", "auto=true url=http://10.0.0.1/p.cfg --- "
-               "net.ifnames=0")[0] == 0
+    assert (
+        run(
+            capsys,
+            tree,
+            "--extra-args",
+            "auto=true url=http://10.0.0.1/p.cfg --- " "net.ifnames=0",
+        )[0]
+        == 0
+    )
     line = [ln for ln in (tree / BS / "rqtxt.cfg").read_text().splitlines() if "append" in ln][0]
-    assert line == ("\tappend initrd=debian-installer/amd64/initrd.gz rescue/enable=true "
-                    "auto=true url=http://10.0.0.1/p.cfg --- quiet net.ifnames=0 "
-                    "console=ttyS0,115200n8 ")
+    assert line == (
+        "\tappend initrd=debian-installer/amd64/initrd.gz rescue/enable=true "
+        "auto=true url=http://10.0.0.1/p.cfg --- quiet net.ifnames=0 "
+        "console=ttyS0,115200n8 "
+    )
     grub = (tree / GRUB).read_text()
-    assert ("linux    /debian-installer/amd64/linux auto=true url=http://10.0.0.1/p.cfg --- "
-            "quiet net.ifnames=0 console=ttyS0,115200n8\n") in grub
+    assert (
+        "linux    /debian-installer/amd64/linux auto=true url=http://10.0.0.1/p.cfg --- "
+        "quiet net.ifnames=0 console=ttyS0,115200n8\n"
+    ) in grub
 
 
-@pytest.mark.parametrize("entry,label,title", [
-    ("install", "install", "Install"),
-    ("expert", "expert", "Advanced options ...>... Expert install"),
-    ("rescue", "rescue", "Advanced options ...>... Rescue mode"),
-    ("auto", "auto", "Advanced options ...>... Automated install"),
-])
+@pytest.mark.parametrize(
+    "entry,label,title",
+    [
+        ("install", "install", "Install"),
+        ("expert", "expert", "Advanced options ...>... Expert install"),
+        ("rescue", "rescue", "Advanced options ...>... Rescue mode"),
+        ("auto", "auto", "Advanced options ...>... Automated install"),
+    ],
+)
 def test_timeout_and_default(capsys, tree, entry, label, title):
     assert run(capsys, tree, "--timeout", "7", "--default", entry)[0] == 0
     syslinux = (tree / BS / "syslinux.cfg").read_text().splitlines()
     assert "timeout 70" in syslinux
     ontimeout = [ln for ln in syslinux if ln.startswith("ontimeout ")]
-    menu = ns.labels({n: (tree / n).read_bytes() for n in ns.tree_names(tree)
-                      if n.startswith(BS) and n.endswith(".cfg")})
+    menu = ns.labels(
+        {
+            n: (tree / n).read_bytes()
+            for n in ns.tree_names(tree)
+            if n.startswith(BS) and n.endswith(".cfg")
+        }
+    )
     kernel, append = menu[label]
     assert ontimeout == [f"ontimeout {kernel} {append}"]
     assert "console=ttyS0,115200n8" in append
@@ -247,13 +298,27 @@ def test_second_run_changes_no_byte(capsys, tree):
     assert {n: os.lstat(tree / n).st_mtime_ns for n in before} == stamps
 
 
-@pytest.mark.parametrize("first,second", [
-    (["--console", "ttyS0,115200n8"], ["--console", "ttyS1,115200n8"]),
-    (["--console", "ttyS0,9600", "--extra-args", "a=1 --- b=2", "--timeout", "3",
-      "--default", "expert"], ["--console", "ttyS1,115200n8", "--also-vga"]),
-    (["--also-vga", "--extra-args", "x=1"], ["--console", "ttyS3,38400", "--extra-args", "y"]),
-    (["--console", "ttyS2,115200"], []),
-])
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        (["--console", "ttyS0,115200n8"], ["--console", "ttyS1,115200n8"]),
+        (
+            [
+                "--console",
+                "ttyS0,9600",
+                "--extra-args",
+                "a=1 --- b=2",
+                "--timeout",
+                "3",
+                "--default",
+                "expert",
+            ],
+            ["--console", "ttyS1,115200n8", "--also-vga"],
+        ),
+        (["--also-vga", "--extra-args", "x=1"], ["--console", "ttyS3,38400", "--extra-args", "y"]),
+        (["--console", "ttyS2,115200"], []),
+    ],
+)
 def test_another_console_replaces_the_first(capsys, tmp_path, first, second):
     for flavour in ("text", "gtk"):
         a, b = tmp_path / f"a-{flavour}", tmp_path / f"b-{flavour}"
@@ -274,8 +339,9 @@ def test_also_vga_then_serial_only_restores_vga_position(capsys, tmp_path):
     # Every vga=788 is back where d-i had it, only console= words were added.
     for name, entry in snapshot(tree).items():
         if entry[0] == "file" and (name.endswith(".cfg")) and "append" in entry[1].decode():
-            for old, new in zip(pristine[name][1].decode().splitlines(),
-                                entry[1].decode().splitlines()):
+            for old, new in zip(
+                pristine[name][1].decode().splitlines(), entry[1].decode().splitlines()
+            ):
                 if old.strip().startswith("append"):
                     assert new.startswith(old.rstrip()), (old, new)
 
@@ -425,20 +491,22 @@ HOSTILE = {
     "dotdot": lambda t: add(t, "./debian-installer/../../evil"),
     "dotdot-deep": lambda t: add(t, "debian-installer/amd64/../../../evil"),
     "symlink-absolute": lambda t: add(t, "./evil", type=tarfile.SYMTYPE, linkname="/etc/passwd"),
-    "symlink-up": lambda t: add(t, "./debian-installer/evil", type=tarfile.SYMTYPE,
-                                linkname="../../etc"),
-    "symlink-chain": lambda t: (add(t, "./r", type=tarfile.SYMTYPE, linkname="."),
-                                add(t, "./e", type=tarfile.SYMTYPE, linkname="r/..")),
-    "through-symlink": lambda t: (add(t, "./d", type=tarfile.SYMTYPE,
-                                      linkname="debian-installer"),
-                                  add(t, "./d/amd64/evil.cfg")),
+    "symlink-up": lambda t: add(
+        t, "./debian-installer/evil", type=tarfile.SYMTYPE, linkname="../../etc"
+    ),
+    "symlink-chain": lambda t: (
+        add(t, "./r", type=tarfile.SYMTYPE, linkname="."),
+        add(t, "./e", type=tarfile.SYMTYPE, linkname="r/.."),
+    ),
+    "through-symlink": lambda t: (
+        add(t, "./d", type=tarfile.SYMTYPE, linkname="debian-installer"),
+        add(t, "./d/amd64/evil.cfg"),
+    ),
     "chardev": lambda t: add(t, "./null", type=tarfile.CHRTYPE, devmajor=1, devminor=3),
     "blockdev": lambda t: add(t, "./sda", type=tarfile.BLKTYPE, devmajor=8, devminor=0),
     "fifo": lambda t: add(t, "./fifo", type=tarfile.FIFOTYPE),
-    "hardlink-outside": lambda t: add(t, "./evil", type=tarfile.LNKTYPE,
-                                      linkname="../etc/shadow"),
-    "hardlink-absolute": lambda t: add(t, "./evil", type=tarfile.LNKTYPE,
-                                       linkname="/etc/shadow"),
+    "hardlink-outside": lambda t: add(t, "./evil", type=tarfile.LNKTYPE, linkname="../etc/shadow"),
+    "hardlink-absolute": lambda t: add(t, "./evil", type=tarfile.LNKTYPE, linkname="/etc/shadow"),
     "hardlink-missing": lambda t: add(t, "./evil", type=tarfile.LNKTYPE, linkname="nothere"),
     "duplicate": lambda t: add(t, "./version.info", b"Debian version: 99\n"),
 }
@@ -458,8 +526,9 @@ def test_hostile_tarball_writes_nothing(capsys, tmp_path, kind, where):
         argv = [path] + (["--output", dest] if dest else [])
         code, out, err = run(capsys, *argv)
         assert code == 2, (kind, out, err)
-        assert err.startswith("netboot-serialize: error: refusing tarball") \
-            and err.count("\n") == 1, err
+        assert (
+            err.startswith("netboot-serialize: error: refusing tarball") and err.count("\n") == 1
+        ), err
         assert sorted(p.name for p in tmp_path.iterdir()) == before
         assert path.read_bytes() == data
 
@@ -531,7 +600,8 @@ def test_interrupted_tree_output_leaves_nothing(capsys, tree, tmp_path, monkeypa
     assert code == 130 and "interrupted" in err
     assert snapshot(dest) == before  # the old tree, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [tree.name, "netboot.tar.gz", "out"])
+        [tree.name, "netboot.tar.gz", "out"]
+    )
 
 
 def test_interrupted_tarball_output_leaves_old_tarball(capsys, tree, tmp_path, monkeypatch):

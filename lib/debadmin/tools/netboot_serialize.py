@@ -65,23 +65,28 @@ class Settings:
         words = self.extra_args.split()
         if "---" in words:
             cut = words.index("---")
-            return words[:cut], words[cut + 1:]
+            return words[:cut], words[cut + 1 :]
         return words, []
 
     def marker(self) -> str:
-        return (f"{MARKER} console={self.console} also-vga={'yes' if self.also_vga else 'no'}"
-                f" extra-args={shlex.quote(self.extra_args)}")
+        return (
+            f"{MARKER} console={self.console} also-vga={'yes' if self.also_vga else 'no'}"
+            f" extra-args={shlex.quote(self.extra_args)}"
+        )
 
 
 def parse_console(spec: str) -> Tuple[int, int]:
     match = CONSOLE.match(spec)
     if not match:
-        raise Error(f"invalid console {spec!r}: expected ttyS0..ttyS3,BAUD[n8] "
-                    "(syslinux drives 8N1 only), e.g. ttyS1,115200n8")
+        raise Error(
+            f"invalid console {spec!r}: expected ttyS0..ttyS3,BAUD[n8] "
+            "(syslinux drives 8N1 only), e.g. ttyS1,115200n8"
+        )
     baud = int(match.group(2))
     if baud not in BAUDS:
-        raise Error(f"invalid console {spec!r}: baud rate must be one of "
-                    f"{', '.join(map(str, BAUDS))}")
+        raise Error(
+            f"invalid console {spec!r}: baud rate must be one of " f"{', '.join(map(str, BAUDS))}"
+        )
     return int(match.group(1)), baud
 
 
@@ -90,10 +95,20 @@ def parse_extra_args(text: str) -> str:
     for word in words:
         if word.startswith("console="):
             raise Error("--extra-args must not set console=; use --console")
-        if any(ord(c) < 32 or ord(c) == 127 for c in word) or "{" in word or "}" in word \
-                or "'" in word or '"' in word or "\\" in word or ";" in word or "$" in word:
-            raise Error(f"refusing kernel argument {word!r}: quotes, braces, '$', ';', "
-                        "backslashes and control characters do not survive both boot loaders")
+        if (
+            any(ord(c) < 32 or ord(c) == 127 for c in word)
+            or "{" in word
+            or "}" in word
+            or "'" in word
+            or '"' in word
+            or "\\" in word
+            or ";" in word
+            or "$" in word
+        ):
+            raise Error(
+                f"refusing kernel argument {word!r}: quotes, braces, '$', ';', "
+                "backslashes and control characters do not survive both boot loaders"
+            )
     if words.count("---") > 1:
         raise Error("--extra-args holds '---' more than once")
     return " ".join(words)
@@ -104,7 +119,7 @@ def parse_marker(line: str) -> Optional[Settings]:
     if not line.startswith(MARKER) or line.strip() == GRUB_END:
         return None
     try:
-        fields = dict(w.split("=", 1) for w in shlex.split(line[len(MARKER):]) if "=" in w)
+        fields = dict(w.split("=", 1) for w in shlex.split(line[len(MARKER) :]) if "=" in w)
         port, baud = parse_console(fields.get("console", ""))
     except (ValueError, Error):
         return None
@@ -117,15 +132,18 @@ def parse_marker(line: str) -> Optional[Settings]:
 def _tokens(text: str) -> Tuple[List[List[str]], str]:
     """[[whitespace, word], ...] and the trailing whitespace, so that edits keep spacing."""
     pairs = [[m.group(1), m.group(2)] for m in re.finditer(r"(\s*)(\S+)", text)]
-    trailing = text[len("".join(w + t for w, t in pairs)):]
+    trailing = text[len("".join(w + t for w, t in pairs)) :]
     return pairs, trailing
 
 
 def _strip_suffix(pairs: List[List[str]], start: int, end: int, words: List[str]) -> int:
     """Remove words if they are the last ones of pairs[start:end]; return the new end."""
-    if words and end - start >= len(words) and \
-            [t for _, t in pairs[end - len(words):end]] == words:
-        del pairs[end - len(words):end]
+    if (
+        words
+        and end - start >= len(words)
+        and [t for _, t in pairs[end - len(words) : end]] == words
+    ):
+        del pairs[end - len(words) : end]
         return end - len(words)
     return end
 
@@ -155,14 +173,14 @@ def edit_cmdline(text: str, old: Optional[Settings], new: Settings, has_path: bo
             _strip_suffix(pairs, first, sep(), old_pre)
         else:
             _strip_suffix(pairs, first, len(pairs), old_pre + old_post)
-        if not old.also_vga and not any(t.startswith("vga=") for _, t in pairs[first:sep()]):
+        if not old.also_vga and not any(t.startswith("vga=") for _, t in pairs[first : sep()]):
             at = first
             while at < sep() and LEADING.match(pairs[at][1]):
                 at += 1
             pairs.insert(at, [" ", VGA])
     # Apply.
     if not new.also_vga:
-        pairs[first:sep()] = [p for p in pairs[first:sep()] if p[1] != VGA]
+        pairs[first : sep()] = [p for p in pairs[first : sep()] if p[1] != VGA]
     pre, post = new.extra()
     consoles = (["console=tty0"] if new.also_vga else []) + [f"console={new.console}"]
     cut = sep()
@@ -183,7 +201,7 @@ def _join_lines(lines: List[str]) -> bytes:
 
 
 def _eol(line: str) -> str:
-    return line[len(line.rstrip("\r\n")):] or "\n"
+    return line[len(line.rstrip("\r\n")) :] or "\n"
 
 
 def _directive(line: str) -> Tuple[str, str, str]:
@@ -203,8 +221,9 @@ def syslinux_marker(data: bytes) -> Optional[Settings]:
     return None
 
 
-def edit_syslinux_included(data: bytes, old: Optional[Settings], new: Settings
-                           ) -> Tuple[bytes, List[str]]:
+def edit_syslinux_included(
+    data: bytes, old: Optional[Settings], new: Settings
+) -> Tuple[bytes, List[str]]:
     """A menu file (txt.cfg, spk.cfg, ...): kernel command lines and autoboot lines."""
     lines = _split_lines(data)
     notes: List[str] = []
@@ -242,11 +261,15 @@ def labels(files: Dict[str, bytes]) -> Dict[str, Tuple[str, str]]:
     return found
 
 
-def edit_syslinux_top(data: bytes, new: Settings, name: str,
-                      menu: Dict[str, Tuple[str, str]]) -> Tuple[bytes, List[str]]:
+def edit_syslinux_top(
+    data: bytes, new: Settings, name: str, menu: Dict[str, Tuple[str, str]]
+) -> Tuple[bytes, List[str]]:
     """syslinux.cfg or prompt.cfg: 'serial' as the first directive, timeout, marker."""
-    lines = [ln for ln in _split_lines(data)
-             if _directive(ln)[1].lower() != "serial" and not ln.startswith(MARKER)]
+    lines = [
+        ln
+        for ln in _split_lines(data)
+        if _directive(ln)[1].lower() != "serial" and not ln.startswith(MARKER)
+    ]
     notes: List[str] = []
     if name == "syslinux.cfg":
         kept = []
@@ -261,8 +284,10 @@ def edit_syslinux_top(data: bytes, new: Settings, name: str,
                     label = ENTRIES[new.default or "install"][0]
                     kernel, append = menu.get(label, ("", ""))
                     if not kernel:
-                        raise Error(f"--default {new.default or 'install'}: no syslinux "
-                                    f"label {label!r} in this tree")
+                        raise Error(
+                            f"--default {new.default or 'install'}: no syslinux "
+                            f"label {label!r} in this tree"
+                        )
                     kept.append(f"ontimeout {kernel} {append}" + _eol(line))
                 continue
             kept.append(line)
@@ -281,8 +306,11 @@ def edit_syslinux_top(data: bytes, new: Settings, name: str,
     if result != data:
         notes.append(f"serial {new.port} {new.baud} as the first directive")
         if name == "syslinux.cfg":
-            notes.append(f"timeout {new.timeout} s, then boot {new.default or 'install'}"
-                         if new.timeout else "no timeout")
+            notes.append(
+                f"timeout {new.timeout} s, then boot {new.default or 'install'}"
+                if new.timeout
+                else "no timeout"
+            )
     return result, notes
 
 
@@ -315,11 +343,10 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
     start = next((i for i, ln in enumerate(lines) if parse_marker(ln)), None)
     if start is not None:
         old = parse_marker(lines[start])
-        end = next((i for i in range(start, len(lines)) if lines[i].strip() == GRUB_END),
-                   None)
+        end = next((i for i in range(start, len(lines)) if lines[i].strip() == GRUB_END), None)
         if end is None:
             raise Error("grub.cfg holds a netboot-serialize block without its end line")
-        del lines[start:end + 1]
+        del lines[start : end + 1]
     notes = []
     kernel_lines = 0
     for i, line in enumerate(lines):
@@ -334,8 +361,7 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
     at = 0
     for i, line in enumerate(lines):
         if re.match(r"^\s*if\s+loadfont\b", line):
-            at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"),
-                      0)
+            at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"), 0)
             break
     unit = new.port
     block = [
@@ -347,15 +373,20 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
     if new.timeout:
         title = ENTRIES[new.default or "install"][1]
         if title not in grub_entries(data):
-            raise Error(f"--default {new.default or 'install'}: no GRUB menu entry "
-                        f"{title!r} in grub.cfg")
+            raise Error(
+                f"--default {new.default or 'install'}: no GRUB menu entry "
+                f"{title!r} in grub.cfg"
+            )
         block += [f"set timeout={new.timeout}", f'set default="{title}"']
     block.append(GRUB_END)
     lines[at:at] = [ln + "\n" for ln in block]
     result = _join_lines(lines)
     if result != data:
-        notes.insert(0, f"serial terminal on unit {unit} at {new.baud} baud"
-                     + (f", timeout {new.timeout} s" if new.timeout else ""))
+        notes.insert(
+            0,
+            f"serial terminal on unit {unit} at {new.baud} baud"
+            + (f", timeout {new.timeout} s" if new.timeout else ""),
+        )
     return result, notes
 
 
@@ -377,15 +408,22 @@ class Layout:
 
 def find_layout(names: List[str]) -> Layout:
     """Recognise an installer netboot tree from its relative file names."""
-    arch_dirs = sorted({n[: -len("/boot-screens/syslinux.cfg")] for n in names
-                        if re.fullmatch(r"debian-installer/[a-z0-9]+/boot-screens/syslinux\.cfg",
-                                        n)})
+    arch_dirs = sorted(
+        {
+            n[: -len("/boot-screens/syslinux.cfg")]
+            for n in names
+            if re.fullmatch(r"debian-installer/[a-z0-9]+/boot-screens/syslinux\.cfg", n)
+        }
+    )
     if "pxelinux.0" not in names or len(arch_dirs) != 1:
-        raise Error("not a Debian installer netboot tree: expected pxelinux.0 and one "
-                    "debian-installer/ARCH/boot-screens/syslinux.cfg")
+        raise Error(
+            "not a Debian installer netboot tree: expected pxelinux.0 and one "
+            "debian-installer/ARCH/boot-screens/syslinux.cfg"
+        )
     arch = arch_dirs[0]
-    configs = sorted(n for n in names
-                     if re.fullmatch(re.escape(arch) + r"/boot-screens/[^/]+\.cfg", n))
+    configs = sorted(
+        n for n in names if re.fullmatch(re.escape(arch) + r"/boot-screens/[^/]+\.cfg", n)
+    )
     grub = f"{arch}/grub/grub.cfg" if f"{arch}/grub/grub.cfg" in names else None
     return Layout(arch, configs, grub, "version.info" if "version.info" in names else None)
 
@@ -415,7 +453,7 @@ def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Ch
     old = syslinux_marker(files[prefix + "syslinux.cfg"])
     result: Dict[str, Tuple[bytes, List[str]]] = {}
     for name in layout.configs:
-        if name[len(prefix):] not in TOP_LEVEL:
+        if name[len(prefix) :] not in TOP_LEVEL:
             result[name] = edit_syslinux_included(files[name], old, new)
     menu = labels({n: result[n][0] for n in result})
     for base in TOP_LEVEL:
@@ -424,8 +462,11 @@ def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Ch
             result[name] = edit_syslinux_top(files[name], new, base, menu)
     if layout.grub:
         result[layout.grub] = edit_grub(files[layout.grub], new)
-    return [Change(name, notes, files[name], data)
-            for name, (data, notes) in sorted(result.items()) if data != files[name]]
+    return [
+        Change(name, notes, files[name], data)
+        for name, (data, notes) in sorted(result.items())
+        if data != files[name]
+    ]
 
 
 # --- reading and writing -----------------------------------------------------------------------
@@ -461,8 +502,9 @@ def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
 
 
 def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Member]]:
-    members, contents = tarball.read_members(path, lambda n: n.endswith(".cfg")
-                                             or n == "version.info")
+    members, contents = tarball.read_members(
+        path, lambda n: n.endswith(".cfg") or n == "version.info"
+    )
     names = [m.name for m in members]
     layout = find_layout(names)
     for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
@@ -563,10 +605,14 @@ class Report:
     def diff(self) -> str:
         chunks = []
         for change in self.changes:
-            chunks.extend(difflib.unified_diff(
-                change.old.decode("utf-8", "replace").splitlines(keepends=True),
-                change.new.decode("utf-8", "replace").splitlines(keepends=True),
-                f"a/{change.path}", f"b/{change.path}"))
+            chunks.extend(
+                difflib.unified_diff(
+                    change.old.decode("utf-8", "replace").splitlines(keepends=True),
+                    change.new.decode("utf-8", "replace").splitlines(keepends=True),
+                    f"a/{change.path}",
+                    f"b/{change.path}",
+                )
+            )
         return "".join(chunks)
 
     def as_dict(self) -> dict:
@@ -599,8 +645,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise Error(f"--default {args.default!r}: choose one of {', '.join(ENTRIES)}")
     if args.default and args.timeout is None:
         raise Error("--default needs --timeout: it names the entry booted when it expires")
-    return Settings(port, baud, args.also_vga, parse_extra_args(args.extra_args or ""),
-                    args.timeout, args.default)
+    return Settings(
+        port,
+        baud,
+        args.also_vga,
+        parse_extra_args(args.extra_args or ""),
+        args.timeout,
+        args.default,
+    )
 
 
 def kind_of(path: Path) -> str:
@@ -608,8 +660,11 @@ def kind_of(path: Path) -> str:
         return "tree"
     if path.is_file():
         return "tarball"
-    raise Error(f"{path} does not exist" if not os.path.lexists(path) else
-                f"{path} is neither a directory nor a tarball")
+    raise Error(
+        f"{path} does not exist"
+        if not os.path.lexists(path)
+        else f"{path} is neither a directory nor a tarball"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -629,20 +684,35 @@ def run(args: argparse.Namespace) -> int:
         if source_kind == "tree" and source.resolve() in dest.resolve().parents:
             raise Error(f"--output {dest} lies inside the source tree")
         dest_kind = "tarball" if tarball.is_tarball_name(dest) else "tree"
-        if os.path.lexists(dest) and (dest_kind == "tree") != (dest.is_dir()
-                                                               and not dest.is_symlink()):
+        if os.path.lexists(dest) and (dest_kind == "tree") != (
+            dest.is_dir() and not dest.is_symlink()
+        ):
             raise Error(f"--output {dest} exists and is not a {dest_kind}")
         if not dest.parent.is_dir():
             raise Error(f"--output {dest}: {dest.parent} is not a directory")
     changes = serialize(files, layout, new)
     mode = "check" if args.check else "dry-run" if args.dry_run else "apply"
-    report = Report(str(source), source_kind, str(dest) if dest else None, dest_kind,
-                    installer_version(files.get(layout.version or "")), new, changes, mode)
+    report = Report(
+        str(source),
+        source_kind,
+        str(dest) if dest else None,
+        dest_kind,
+        installer_version(files.get(layout.version or "")),
+        new,
+        changes,
+        mode,
+    )
     if mode == "apply":
-        if dest is None and source_kind == "tree" and changes and \
-                source.resolve().is_relative_to("/usr/lib/debian-installer"):
-            log.warning("%s belongs to a package: its next upgrade undoes these changes "
-                        "(use --output)", source)
+        if (
+            dest is None
+            and source_kind == "tree"
+            and changes
+            and source.resolve().is_relative_to("/usr/lib/debian-installer")
+        ):
+            log.warning(
+                "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
+                source,
+            )
         replace = {c.path: c.new for c in changes}
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
     if args.json:
@@ -654,8 +724,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def write(source: Path, source_kind: str, dest: Optional[Path], dest_kind: Optional[str],
-          members: List[tarball.Member], replace: Dict[str, bytes]) -> bool:
+def write(
+    source: Path,
+    source_kind: str,
+    dest: Optional[Path],
+    dest_kind: Optional[str],
+    members: List[tarball.Member],
+    replace: Dict[str, bytes],
+) -> bool:
     if dest is None:
         if not replace:
             return False
@@ -668,11 +744,13 @@ def write(source: Path, source_kind: str, dest: Optional[Path], dest_kind: Optio
     compress = not dest.name.endswith(".tar")
     if dest_kind == "tarball":
         if source_kind == "tree":
-            write_tarball_atomically(dest, lambda out: tarball.write_tree_tarball(
-                source, out, replace, compress))
+            write_tarball_atomically(
+                dest, lambda out: tarball.write_tree_tarball(source, out, replace, compress)
+            )
         else:
-            write_tarball_atomically(dest, lambda out: tarball.rewrite(
-                source, members, out, replace, compress))
+            write_tarball_atomically(
+                dest, lambda out: tarball.rewrite(source, members, out, replace, compress)
+            )
         return True
     staging = _sibling_temp_dir(dest)
     try:
@@ -698,8 +776,10 @@ def write(source: Path, source_kind: str, dest: Optional[Path], dest_kind: Optio
 
 def print_report(report: Report) -> None:
     version = report.version
-    print(f"installer: {version['installer_build'] or 'unknown build'} "
-          f"(Debian {version['debian_version'] or 'unknown version'})")
+    print(
+        f"installer: {version['installer_build'] or 'unknown build'} "
+        f"(Debian {version['debian_version'] or 'unknown version'})"
+    )
     target = report.output or report.source
     if report.mode == "check":
         if not report.changes:
@@ -707,13 +787,17 @@ def print_report(report: Report) -> None:
             return
         for change in report.changes:
             print(f"differs: {change.path}: {'; '.join(change.notes)}")
-        print(f"{len(report.changes)} file(s) not serialized for {report.settings.console}; "
-              f"run '{PROG}' without --check to fix them")
+        print(
+            f"{len(report.changes)} file(s) not serialized for {report.settings.console}; "
+            f"run '{PROG}' without --check to fix them"
+        )
         return
     if report.mode == "dry-run":
         print(report.diff(), end="")
-        print(f"would change {len(report.changes)} file(s)"
-              + (f" and write {target}" if report.output else ""))
+        print(
+            f"would change {len(report.changes)} file(s)"
+            + (f" and write {target}" if report.output else "")
+        )
         return
     for change in report.changes:
         print(f"changed: {change.path}: {'; '.join(change.notes)}")
@@ -730,28 +814,50 @@ def build_parser() -> argparse.ArgumentParser:
         "(pxelinux) and UEFI (shim + GRUB).",
         epilog="exit status: 0 ok, 1 not serialized (--check), 2 error or refused input",
     )
-    parser.add_argument("source", metavar="SOURCE",
-                        help="netboot tree (TFTP root) or netboot.tar.gz / .tar")
-    parser.add_argument("-o", "--output", metavar="DEST",
-                        help="write DEST instead of editing SOURCE: a tarball when it ends in "
-                             ".tar.gz, .tgz or .tar, else a directory tree")
-    parser.add_argument("-c", "--console", default="ttyS0,115200n8", metavar="ttySN,BAUD",
-                        help="serial console (default: ttyS0,115200n8)")
-    parser.add_argument("--also-vga", action="store_true",
-                        help="keep a VGA console too (vga=788 and console=tty0)")
-    parser.add_argument("--extra-args", metavar="ARGS",
-                        help="arguments appended to every kernel command line; those after "
-                             "a '---' in ARGS also go to the installed system")
-    parser.add_argument("--timeout", type=int, metavar="SECONDS",
-                        help="boot the default entry after SECONDS (default: wait forever)")
-    parser.add_argument("--default", metavar="ENTRY",
-                        help="entry booted on --timeout: install (default), expert, rescue "
-                             "or auto")
+    parser.add_argument(
+        "source", metavar="SOURCE", help="netboot tree (TFTP root) or netboot.tar.gz / .tar"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="DEST",
+        help="write DEST instead of editing SOURCE: a tarball when it ends in "
+        ".tar.gz, .tgz or .tar, else a directory tree",
+    )
+    parser.add_argument(
+        "-c",
+        "--console",
+        default="ttyS0,115200n8",
+        metavar="ttySN,BAUD",
+        help="serial console (default: ttyS0,115200n8)",
+    )
+    parser.add_argument(
+        "--also-vga", action="store_true", help="keep a VGA console too (vga=788 and console=tty0)"
+    )
+    parser.add_argument(
+        "--extra-args",
+        metavar="ARGS",
+        help="arguments appended to every kernel command line; those after "
+        "a '---' in ARGS also go to the installed system",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        metavar="SECONDS",
+        help="boot the default entry after SECONDS (default: wait forever)",
+    )
+    parser.add_argument(
+        "--default",
+        metavar="ENTRY",
+        help="entry booted on --timeout: install (default), expert, rescue " "or auto",
+    )
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true",
-                       help="exit 0 when SOURCE is already serialized, 1 when not")
-    group.add_argument("-n", "--dry-run", action="store_true",
-                       help="print a unified diff and write nothing")
+    group.add_argument(
+        "--check", action="store_true", help="exit 0 when SOURCE is already serialized, 1 when not"
+    )
+    group.add_argument(
+        "-n", "--dry-run", action="store_true", help="print a unified diff and write nothing"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 

@@ -71,8 +71,9 @@ class _Tree:
                 if target.startswith("/"):
                     return None
                 base = "/".join(current)
-                resolved = self.resolve(posixpath.join(base, target) if base else target,
-                                        True, depth + 1)
+                resolved = self.resolve(
+                    posixpath.join(base, target) if base else target, True, depth + 1
+                )
                 if resolved is None:
                     return None
                 current = resolved.split("/") if resolved else []
@@ -127,17 +128,22 @@ def validate(tar: tarfile.TarFile) -> List[Member]:
                 tree.kinds.setdefault("/".join(parent.split("/")[:i]), "dir")
         if kind == "symlink":
             if info.linkname.startswith("/"):
-                raise Error(f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} "
-                            "is absolute")
+                raise Error(
+                    f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} " "is absolute"
+                )
             tree.links[name] = info.linkname
             if tree.resolve(name) is None:
-                raise Error(f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} "
-                            "resolves outside the tree")
+                raise Error(
+                    f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} "
+                    "resolves outside the tree"
+                )
         elif kind == "hardlink":
             target = _normalise(info.linkname, "hard link target")
             if tree.kinds.get(target) != "file" or tree.resolve(target) != target:
-                raise Error(f"refusing tarball: hard link {info.name!r} -> "
-                            f"{info.linkname!r} is not an earlier file of the tree")
+                raise Error(
+                    f"refusing tarball: hard link {info.name!r} -> "
+                    f"{info.linkname!r} is not an earlier file of the tree"
+                )
         tree.kinds[name] = kind
         members.append(Member(name, info, kind))
     # A later symlink can change how an earlier one resolves: check them all again.
@@ -154,8 +160,9 @@ def open_tarball(path: Path) -> tarfile.TarFile:
         raise Error(f"cannot read tarball {path}: {exc}") from None
 
 
-def read_members(path: Path, wanted: Callable[[str], bool]
-                 ) -> Tuple[List[Member], Dict[str, bytes]]:
+def read_members(
+    path: Path, wanted: Callable[[str], bool]
+) -> Tuple[List[Member], Dict[str, bytes]]:
     """Validate the archive; return its members and the contents of the wanted files."""
     contents: Dict[str, bytes] = {}
     with open_tarball(path) as tar:
@@ -170,8 +177,7 @@ def read_members(path: Path, wanted: Callable[[str], bool]
     return members, contents
 
 
-def extract(path: Path, members: List[Member], dest: Path,
-            replace: Dict[str, bytes]) -> None:
+def extract(path: Path, members: List[Member], dest: Path, replace: Dict[str, bytes]) -> None:
     """Unpack validated members into the empty directory dest, with replaced contents."""
     by_name = {m.info.name: m for m in members}
     dirs = []
@@ -192,8 +198,9 @@ def extract(path: Path, members: List[Member], dest: Path,
                 elif member.kind == "hardlink":
                     os.link(dest / _normalise(info.linkname, "hard link target"), target)
                 else:
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                                 0o600)
+                    fd = os.open(
+                        target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+                    )
                     with os.fdopen(fd, "wb") as out:
                         if member.name in replace:
                             out.write(replace[member.name])
@@ -222,19 +229,20 @@ def _copy(handle: Optional[BinaryIO], out: BinaryIO, size: int) -> None:
         left -= len(chunk)
 
 
-def rewrite(path: Path, members: List[Member], out: BinaryIO,
-            replace: Dict[str, bytes], compress: bool) -> None:
+def rewrite(
+    path: Path, members: List[Member], out: BinaryIO, replace: Dict[str, bytes], compress: bool
+) -> None:
     """Copy the validated members of the tarball at path into out, with replaced contents.
 
     Member order and metadata stay; the gzip header carries no time stamp, so the same
     input gives the same bytes.
     """
     by_name = {m.info.name: m for m in members}
-    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress \
-        else out
+    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress else out
     try:
-        with open_tarball(path) as src, \
-                tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as dst:
+        with open_tarball(path) as src, tarfile.open(
+            fileobj=stream, mode="w", format=tarfile.GNU_FORMAT
+        ) as dst:
             for info in src:
                 member = by_name.get(info.name)
                 if member is None:
@@ -265,8 +273,9 @@ def _copy_info(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return new
 
 
-def write_tree_tarball(tree: Path, out: BinaryIO, replace: Dict[str, bytes],
-                       compress: bool) -> None:
+def write_tree_tarball(
+    tree: Path, out: BinaryIO, replace: Dict[str, bytes], compress: bool
+) -> None:
     """Pack the tree as netboot.tar.gz is packed ('./' names), sorted, with replaced files."""
     entries = []
     for dirpath, dirnames, filenames in os.walk(tree):  # symlinked directories not entered
@@ -274,10 +283,10 @@ def write_tree_tarball(tree: Path, out: BinaryIO, replace: Dict[str, bytes],
         rel_dir = os.path.relpath(dirpath, tree)
         entries.append(rel_dir)
         links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        entries.extend(os.path.normpath(os.path.join(rel_dir, name))
-                       for name in sorted(filenames + links))
-    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress \
-        else out
+        entries.extend(
+            os.path.normpath(os.path.join(rel_dir, name)) for name in sorted(filenames + links)
+        )
+    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress else out
     try:
         with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as dst:
             for rel in entries:
