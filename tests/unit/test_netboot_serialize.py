@@ -631,3 +631,16 @@ def test_in_place_write_failure_is_one_line(capsys, tree):
         assert code == 2 and err.startswith("netboot-serialize: error: cannot write")
     finally:
         os.chmod(directory, 0o755)
+
+
+def test_huge_config_member_is_refused(capsys, tmp_path):
+    src = copy_fixture("text", tmp_path / "src")
+    path = tmp_path / "big.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in sorted(ns.tree_names(src)):
+            if name != BS + "txt.cfg":
+                tar.add(src / name, arcname="./" + name, recursive=False)
+        add(tar, "./" + BS + "txt.cfg", b"#" * (2 << 20))
+    code, _, err = run(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "too big for a boot config" in err
+    assert not (tmp_path / "out").exists()

@@ -492,6 +492,8 @@ def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
         path = top / name
         if path.is_symlink() or not path.is_file():
             raise Error(f"refusing {path}: not a regular file (symlinks are not edited)")
+        if path.stat().st_size > MAX_CONFIG_SIZE:
+            raise Error(f"refusing {path}: over {MAX_CONFIG_SIZE} bytes, not a boot config")
         if real_top not in path.resolve().parents:
             raise Error(f"refusing {path}: it resolves outside {top}")
         try:
@@ -501,15 +503,25 @@ def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
     return layout, files
 
 
+CONFIG_NAME = re.compile(
+    r"^(version\.info|debian-installer/[a-z0-9]+/(boot-screens/[^/]+\.cfg" r"|grub/grub\.cfg))$"
+)
+MAX_CONFIG_SIZE = 1 << 20  # d-i's largest, grub.cfg, is 10 kB
+
+
+def is_config_name(name: str) -> bool:
+    return bool(CONFIG_NAME.match(name))
+
+
 def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Member]]:
-    members, contents = tarball.read_members(
-        path, lambda n: n.endswith(".cfg") or n == "version.info"
-    )
+    members, contents = tarball.read_members(path, is_config_name)
     names = [m.name for m in members]
     layout = find_layout(names)
     for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
         if name not in contents:
             raise Error(f"refusing tarball: {name} is not a regular file")
+        if len(contents[name]) > MAX_CONFIG_SIZE:
+            raise Error(f"refusing tarball: {name} is over {MAX_CONFIG_SIZE} bytes")
     return layout, contents, members
 
 

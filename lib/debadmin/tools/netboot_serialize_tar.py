@@ -18,6 +18,7 @@ MAX_MEMBER_SIZE = 1 << 30
 MAX_TOTAL_SIZE = 4 << 30
 MAX_NAME = 4096
 MAX_LINK_DEPTH = 40
+MAX_WANTED_SIZE = 1 << 20  # files read into memory: boot configs, version.info
 TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 
@@ -170,6 +171,11 @@ def read_members(
             members = validate(tar)
             for member in members:
                 if member.kind == "file" and wanted(member.name):
+                    if member.info.size > MAX_WANTED_SIZE:
+                        raise Error(
+                            f"refusing tarball: {member.info.name!r} is "
+                            f"{member.info.size} bytes, too big for a boot config"
+                        )
                     handle = tar.extractfile(member.info)
                     contents[member.name] = handle.read() if handle else b""
         except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
