@@ -26,6 +26,7 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 TEST_DEPENDS := systemd-container
 TEST_DEPENDS += acl btrfs-progs
 TEST_DEPENDS += ovmf shim-signed python3-cryptography
+TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf debian-installer-12-netboot-amd64
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f

@@ -1,0 +1,878 @@
+"""netboot-serialize: put a Debian installer netboot tree (BIOS and UEFI) on a serial console."""
+
+import argparse
+import contextlib
+import ctypes
+import difflib
+import logging
+import os
+import re
+import shlex
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from debadmin import cli, fsutil
+from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
+from debadmin.output import emit_json
+from debadmin.tools import netboot_serialize_tar as tarball
+
+PROG = "netboot-serialize"
+log = logging.getLogger("debadmin")
+
+CONSOLE = re.compile(r"^ttyS([0-3]),([0-9]+)(n8)?$")
+BAUDS = (1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200)
+MARKER = "# netboot-serialize:"
+GRUB_END = "# netboot-serialize: end"
+DISABLED = "# disabled by netboot-serialize (no autoboot on a serial console): "
+VGA = "vga=788"
+# Tokens d-i puts before vga=788 on its kernel command lines (syslinux and GRUB alike).
+LEADING = re.compile(r"^(desktop|auto|priority)=")
+# --default ENTRY: the syslinux label and the GRUB menu entry (submenus joined by '>').
+ENTRIES = {
+    "install": ("install", "Install"),
+    "expert": ("expert", "Advanced options ...>... Expert install"),
+    "rescue": ("rescue", "Advanced options ...>... Rescue mode"),
+    "auto": ("auto", "Advanced options ...>... Automated install"),
+}
+TOP_LEVEL = ("syslinux.cfg", "prompt.cfg")  # files syslinux loads as a whole configuration
+AUTOBOOT = re.compile(r"^\s*(timeout|totaltimeout|ontimeout|menu\s+autoboot)\b", re.I)
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a serialized tree looks like: the console and the extra kernel arguments."""
+
+    port: int
+    baud: int
+    also_vga: bool = False
+    extra_args: str = ""
+    timeout: Optional[int] = None
+    default: Optional[str] = None
+
+    @property
+    def console(self) -> str:
+        return f"ttyS{self.port},{self.baud}n8"
+
+    def extra(self) -> Tuple[List[str], List[str]]:
+        """Extra arguments before '---' (installer only) and after it (also installed)."""
+        words = self.extra_args.split()
+        if "---" in words:
+            cut = words.index("---")
+            return words[:cut], words[cut + 1 :]
+        return words, []
+
+    def marker(self) -> str:
+        return (
+            f"{MARKER} console={self.console} also-vga={'yes' if self.also_vga else 'no'}"
+            f" extra-args={shlex.quote(self.extra_args)}"
+        )
+
+
+def parse_console(spec: str) -> Tuple[int, int]:
+    match = CONSOLE.match(spec)
+    if not match:
+        raise Error(
+            f"invalid console {spec!r}: expected ttyS0..ttyS3,BAUD[n8] "
+            "(syslinux drives 8N1 only), e.g. ttyS1,115200n8"
+        )
+    baud = int(match.group(2))
+    if baud not in BAUDS:
+        raise Error(
+            f"invalid console {spec!r}: baud rate must be one of " f"{', '.join(map(str, BAUDS))}"
+        )
+    return int(match.group(1)), baud
+
+
+def parse_extra_args(text: str) -> str:
+    words = text.split()
+    for word in words:
+        if word.startswith("console="):
+            raise Error("--extra-args must not set console=; use --console")
+        if (
+            any(ord(c) < 32 or ord(c) == 127 for c in word)
+            or "{" in word
+            or "}" in word
+            or "'" in word
+            or '"' in word
+            or "\\" in word
+            or ";" in word
+            or "$" in word
+        ):
+            raise Error(
+                f"refusing kernel argument {word!r}: quotes, braces, '$', ';', "
+                "backslashes and control characters do not survive both boot loaders"
+            )
+    if words.count("---") > 1:
+        raise Error("--extra-args holds '---' more than once")
+    return " ".join(words)
+
+
+def parse_marker(line: str) -> Optional[Settings]:
+    """The settings an earlier run recorded in its marker comment, or None."""
+    if not line.startswith(MARKER) or line.strip() == GRUB_END:
+        return None
+    try:
+        fields = dict(w.split("=", 1) for w in shlex.split(line[len(MARKER) :]) if "=" in w)
+        port, baud = parse_console(fields.get("console", ""))
+    except (ValueError, Error):
+        return None
+    return Settings(port, baud, fields.get("also-vga") == "yes", fields.get("extra-args", ""))
+
+
+# --- kernel command lines --------------------------------------------------------------------
+
+
+def _tokens(text: str) -> Tuple[List[List[str]], str]:
+    """[[whitespace, word], ...] and the trailing whitespace, so that edits keep spacing."""
+    pairs = [[m.group(1), m.group(2)] for m in re.finditer(r"(\s*)(\S+)", text)]
+    trailing = text[len("".join(w + t for w, t in pairs)) :]
+    return pairs, trailing
+
+
+def _strip_suffix(pairs: List[List[str]], start: int, end: int, words: List[str]) -> int:
+    """Remove words if they are the last ones of pairs[start:end]; return the new end."""
+    if (
+        words
+        and end - start >= len(words)
+        and [t for _, t in pairs[end - len(words) : end]] == words
+    ):
+        del pairs[end - len(words) : end]
+        return end - len(words)
+    return end
+
+
+def edit_cmdline(text: str, old: Optional[Settings], new: Settings, has_path: bool) -> str:
+    """Undo what old added to a kernel command line, then serialize it for new.
+
+    text is what follows 'append' (syslinux) or 'linux' (GRUB, where the kernel path
+    comes first).
+    """
+    pairs, trailing = _tokens(text)
+    first = 1 if has_path and pairs else 0
+
+    def sep() -> int:
+        words = [t for _, t in pairs]
+        return words.index("---", first) if "---" in words[first:] else len(pairs)
+
+    # Undo: our console= words, the old extra arguments, vga=788 where we removed it.
+    cut = sep()
+    tail_start = cut + 1 if cut < len(pairs) else first
+    pairs[tail_start:] = [p for p in pairs[tail_start:] if not p[1].startswith("console=")]
+    if old is not None:
+        old_pre, old_post = old.extra()
+        cut = sep()
+        if cut < len(pairs):
+            _strip_suffix(pairs, cut + 1, len(pairs), old_post)
+            _strip_suffix(pairs, first, sep(), old_pre)
+        else:
+            _strip_suffix(pairs, first, len(pairs), old_pre + old_post)
+        if not old.also_vga and not any(t.startswith("vga=") for _, t in pairs[first : sep()]):
+            at = first
+            while at < sep() and LEADING.match(pairs[at][1]):
+                at += 1
+            pairs.insert(at, [" ", VGA])
+    # Apply.
+    if not new.also_vga:
+        pairs[first : sep()] = [p for p in pairs[first : sep()] if p[1] != VGA]
+    pre, post = new.extra()
+    consoles = (["console=tty0"] if new.also_vga else []) + [f"console={new.console}"]
+    cut = sep()
+    pairs[cut:cut] = [[" ", w] for w in pre]
+    pairs.extend([" ", w] for w in post + consoles)
+    return "".join(w + t for w, t in pairs) + trailing
+
+
+# --- syslinux ----------------------------------------------------------------------------------
+
+
+def _split_lines(data: bytes) -> List[str]:
+    return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
+
+
+def _join_lines(lines: List[str]) -> bytes:
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _eol(line: str) -> str:
+    return line[len(line.rstrip("\r\n")) :] or "\n"
+
+
+def _directive(line: str) -> Tuple[str, str, str]:
+    """(indent, keyword, rest) of a syslinux or GRUB line; keyword '' for blanks/comments."""
+    body = line.rstrip("\r\n")
+    match = re.match(r"^(\s*)(\S+)(.*)$", body)
+    if not match or match.group(2).startswith("#"):
+        return "", "", body
+    return match.group(1), match.group(2), match.group(3)
+
+
+def syslinux_marker(data: bytes) -> Optional[Settings]:
+    for line in _split_lines(data):
+        settings = parse_marker(line)
+        if settings:
+            return settings
+    return None
+
+
+def edit_syslinux_included(
+    data: bytes, old: Optional[Settings], new: Settings
+) -> Tuple[bytes, List[str]]:
+    """A menu file (txt.cfg, spk.cfg, ...): kernel command lines and autoboot lines."""
+    lines = _split_lines(data)
+    notes: List[str] = []
+    kernel_lines = 0
+    for i, line in enumerate(lines):
+        indent, keyword, rest = _directive(line)
+        if keyword.lower() == "append":
+            edited = indent + keyword + edit_cmdline(rest, old, new, False) + _eol(line)
+            if edited != line:
+                lines[i] = edited
+                kernel_lines += 1
+        elif keyword and AUTOBOOT.match(line) and not re.match(r"^\s*timeout\s+0\s*$", line):
+            lines[i] = DISABLED + line.lstrip()
+            notes.append(f"{AUTOBOOT.match(line).group(1)} disabled")
+    if kernel_lines:
+        notes.insert(0, f"{kernel_lines} kernel command line(s)")
+    return _join_lines(lines), notes
+
+
+def labels(files: Dict[str, bytes]) -> Dict[str, Tuple[str, str]]:
+    """syslinux label -> (kernel, append arguments) over every menu file."""
+    found: Dict[str, Tuple[str, str]] = {}
+    for name in sorted(files):
+        current = None
+        for line in _split_lines(files[name]):
+            _, keyword, rest = _directive(line)
+            keyword = keyword.lower()
+            if keyword == "label":
+                current = rest.strip()
+                found[current] = ("", "")
+            elif current and keyword in ("kernel", "linux"):
+                found[current] = (rest.strip(), found[current][1])
+            elif current and keyword == "append":
+                found[current] = (found[current][0], rest.strip())
+    return found
+
+
+def edit_syslinux_top(
+    data: bytes, new: Settings, name: str, menu: Dict[str, Tuple[str, str]]
+) -> Tuple[bytes, List[str]]:
+    """syslinux.cfg or prompt.cfg: 'serial' as the first directive, timeout, marker."""
+    lines = [
+        ln
+        for ln in _split_lines(data)
+        if _directive(ln)[1].lower() != "serial" and not ln.startswith(MARKER)
+    ]
+    notes: List[str] = []
+    if name == "syslinux.cfg":
+        kept = []
+        for line in lines:
+            _, keyword, _ = _directive(line)
+            if keyword.lower() == "ontimeout":
+                continue
+            if keyword.lower() == "timeout":
+                line = f"timeout {new.timeout * 10 if new.timeout else 0}" + _eol(line)
+                kept.append(line)
+                if new.timeout:
+                    label = ENTRIES[new.default or "install"][0]
+                    kernel, append = menu.get(label, ("", ""))
+                    if not kernel:
+                        raise Error(
+                            f"--default {new.default or 'install'}: no syslinux "
+                            f"label {label!r} in this tree"
+                        )
+                    kept.append(f"ontimeout {kernel} {append}" + _eol(line))
+                continue
+            kept.append(line)
+        if new.timeout and not any(_directive(ln)[1].lower() == "timeout" for ln in kept):
+            raise Error("syslinux.cfg has no 'timeout' directive to set")
+        lines = kept
+    at = 0
+    if lines and lines[0].startswith("# D-I config version"):
+        at = 1
+    eol = _eol(lines[0]) if lines else "\n"
+    insert = [f"serial {new.port} {new.baud}{eol}"]
+    if name == "syslinux.cfg":
+        insert.insert(0, new.marker() + eol)
+    lines[at:at] = insert
+    result = _join_lines(lines)
+    if result != data:
+        notes.append(f"serial {new.port} {new.baud} as the first directive")
+        if name == "syslinux.cfg":
+            notes.append(
+                f"timeout {new.timeout} s, then boot {new.default or 'install'}"
+                if new.timeout
+                else "no timeout"
+            )
+    return result, notes
+
+
+# --- GRUB --------------------------------------------------------------------------------------
+
+
+def grub_entries(data: bytes) -> List[str]:
+    """Titles of every menuentry, submenus joined by '>' as 'set default' wants them."""
+    stack: List[Optional[str]] = []
+    titles: List[str] = []
+    for line in _split_lines(data):
+        stripped = line.strip()
+        match = re.match(r"^(menuentry|submenu)\b.*?'([^']*)'.*\{$", stripped)
+        if match:
+            path = [t for t in stack if t is not None] + [match.group(2)]
+            if match.group(1) == "menuentry":
+                titles.append(">".join(path))
+            stack.append(match.group(2))
+        elif stripped.endswith("{"):
+            stack.append(None)
+        elif stripped == "}" and stack:
+            stack.pop()
+    return titles
+
+
+def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
+    """grub.cfg: a serial terminal after the gfxterm block, every 'linux' line serialized."""
+    lines = _split_lines(data)
+    old = None
+    start = next((i for i, ln in enumerate(lines) if parse_marker(ln)), None)
+    if start is not None:
+        old = parse_marker(lines[start])
+        end = next((i for i in range(start, len(lines)) if lines[i].strip() == GRUB_END), None)
+        if end is None:
+            raise Error("grub.cfg holds a netboot-serialize block without its end line")
+        del lines[start : end + 1]
+    notes = []
+    kernel_lines = 0
+    for i, line in enumerate(lines):
+        indent, keyword, rest = _directive(line)
+        if keyword in ("linux", "linuxefi"):
+            edited = indent + keyword + edit_cmdline(rest, old, new, True) + _eol(line)
+            if edited != line:
+                lines[i] = edited
+                kernel_lines += 1
+    if kernel_lines:
+        notes.append(f"{kernel_lines} kernel command line(s)")
+    at = 0
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*if\s+loadfont\b", line):
+            at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"), 0)
+            break
+    unit = new.port
+    block = [
+        new.marker(),
+        f"serial --unit={unit} --speed={new.baud} --word=8 --parity=no --stop=1",
+        "terminal_input serial console",
+        "terminal_output serial console",
+    ]
+    if new.timeout:
+        title = ENTRIES[new.default or "install"][1]
+        if title not in grub_entries(data):
+            raise Error(
+                f"--default {new.default or 'install'}: no GRUB menu entry "
+                f"{title!r} in grub.cfg"
+            )
+        block += [f"set timeout={new.timeout}", f'set default="{title}"']
+    block.append(GRUB_END)
+    lines[at:at] = [ln + "\n" for ln in block]
+    result = _join_lines(lines)
+    if result != data:
+        notes.insert(
+            0,
+            f"serial terminal on unit {unit} at {new.baud} baud"
+            + (f", timeout {new.timeout} s" if new.timeout else ""),
+        )
+    return result, notes
+
+
+# --- trees ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    """Where the files of one netboot tree are, relative to its top."""
+
+    arch_dir: str
+    configs: List[str]  # boot-screens/*.cfg
+    grub: Optional[str]
+    version: Optional[str]
+
+    def wanted(self, name: str) -> bool:
+        return name in self.configs or name == self.grub or name == self.version
+
+
+def find_layout(names: List[str]) -> Layout:
+    """Recognise an installer netboot tree from its relative file names."""
+    arch_dirs = sorted(
+        {
+            n[: -len("/boot-screens/syslinux.cfg")]
+            for n in names
+            if re.fullmatch(r"debian-installer/[a-z0-9]+/boot-screens/syslinux\.cfg", n)
+        }
+    )
+    if "pxelinux.0" not in names or len(arch_dirs) != 1:
+        raise Error(
+            "not a Debian installer netboot tree: expected pxelinux.0 and one "
+            "debian-installer/ARCH/boot-screens/syslinux.cfg"
+        )
+    arch = arch_dirs[0]
+    configs = sorted(
+        n for n in names if re.fullmatch(re.escape(arch) + r"/boot-screens/[^/]+\.cfg", n)
+    )
+    grub = f"{arch}/grub/grub.cfg" if f"{arch}/grub/grub.cfg" in names else None
+    return Layout(arch, configs, grub, "version.info" if "version.info" in names else None)
+
+
+def installer_version(data: Optional[bytes]) -> Dict[str, Optional[str]]:
+    result: Dict[str, Optional[str]] = {"debian_version": None, "installer_build": None}
+    for line in (data or b"").decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "Debian version":
+            result["debian_version"] = value.strip()
+        elif sep and key.strip() == "Installer build":
+            result["installer_build"] = value.strip()
+    return result
+
+
+@dataclass
+class Change:
+    path: str
+    notes: List[str]
+    old: bytes
+    new: bytes
+
+
+def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Change]:
+    """The edits that serialize the tree whose relevant files are given; pure."""
+    prefix = layout.arch_dir + "/boot-screens/"
+    old = syslinux_marker(files[prefix + "syslinux.cfg"])
+    result: Dict[str, Tuple[bytes, List[str]]] = {}
+    for name in layout.configs:
+        if name[len(prefix) :] not in TOP_LEVEL:
+            result[name] = edit_syslinux_included(files[name], old, new)
+    menu = labels({n: result[n][0] for n in result})
+    for base in TOP_LEVEL:
+        name = prefix + base
+        if name in files:
+            result[name] = edit_syslinux_top(files[name], new, base, menu)
+    if layout.grub:
+        result[layout.grub] = edit_grub(files[layout.grub], new)
+    return [
+        Change(name, notes, files[name], data)
+        for name, (data, notes) in sorted(result.items())
+        if data != files[name]
+    ]
+
+
+# --- reading and writing -----------------------------------------------------------------------
+
+
+def tree_names(top: Path) -> List[str]:
+    """Relative names below top, without entering symlinked directories."""
+    names = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        rel = os.path.relpath(dirpath, top)
+        for name in dirnames + filenames:
+            names.append(os.path.normpath(os.path.join(rel, name)))
+    return names
+
+
+def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
+    if not top.is_dir():
+        raise Error(f"{top} is not a directory or a tarball")
+    layout = find_layout(tree_names(top))
+    files = {}
+    real_top = top.resolve()
+    for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
+        path = top / name
+        if path.is_symlink() or not path.is_file():
+            raise Error(f"refusing {path}: not a regular file (symlinks are not edited)")
+        if path.stat().st_size > MAX_CONFIG_SIZE:
+            raise Error(f"refusing {path}: over {MAX_CONFIG_SIZE} bytes, not a boot config")
+        if real_top not in path.resolve().parents:
+            raise Error(f"refusing {path}: it resolves outside {top}")
+        try:
+            files[name] = path.read_bytes()
+        except OSError as exc:
+            raise Error(f"cannot read {path}: {exc.strerror}") from None
+    return layout, files
+
+
+CONFIG_NAME = re.compile(
+    r"^(version\.info|debian-installer/[a-z0-9]+/(boot-screens/[^/]+\.cfg" r"|grub/grub\.cfg))$"
+)
+MAX_CONFIG_SIZE = 1 << 20  # d-i's largest, grub.cfg, is 10 kB
+
+
+def is_config_name(name: str) -> bool:
+    return bool(CONFIG_NAME.match(name))
+
+
+def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Member]]:
+    members, contents = tarball.read_members(path, is_config_name)
+    names = [m.name for m in members]
+    layout = find_layout(names)
+    for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
+        if name not in contents:
+            raise Error(f"refusing tarball: {name} is not a regular file")
+        if len(contents[name]) > MAX_CONFIG_SIZE:
+            raise Error(f"refusing tarball: {name} is over {MAX_CONFIG_SIZE} bytes")
+    return layout, contents, members
+
+
+def _sibling_temp_dir(dest: Path) -> Path:
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    except OSError as exc:
+        raise Error(f"cannot create a directory next to {dest}: {exc.strerror}") from None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where unsupported."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    return False
+
+
+def put_tree_in_place(staging: Path, dest: Path) -> None:
+    """Rename the finished staging directory to dest, replacing an old dest whole."""
+    fsutil.fsync_dir(staging)
+    if not os.path.lexists(dest):
+        os.rename(staging, dest)
+    elif _exchange(staging, dest):
+        shutil.rmtree(staging)
+    else:
+        old = dest.with_name(f".{dest.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+        os.rename(staging, dest)
+        shutil.rmtree(old)
+    fsutil.fsync_dir(dest.parent)
+
+
+def write_tarball_atomically(dest: Path, writer) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as exc:
+        raise Error(f"cannot write {dest}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            writer(out)
+            out.flush()
+            os.fchmod(out.fileno(), 0o644)
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+        fsutil.fsync_dir(dest.parent)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise Error(f"cannot write {dest}: {exc.strerror or exc}") from None
+        raise
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy a tree keeping symlinks as symlinks; refuse anything but files and dirs."""
+    for name in sorted(tree_names(src)):
+        s, d = src / name, dest / name
+        kind = tarball.lstat_kind(s)
+        if kind == "symlink":
+            os.symlink(os.readlink(s), d)
+        elif kind == "dir":
+            d.mkdir()
+        elif kind == "file":
+            shutil.copy2(s, d, follow_symlinks=False)
+        else:
+            raise Error(f"refusing to copy {s}: not a file, directory or symlink")
+    for name in sorted(tree_names(src), reverse=True):
+        if tarball.lstat_kind(src / name) == "dir":
+            shutil.copystat(src / name, dest / name)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    source: str
+    source_kind: str
+    output: Optional[str]
+    output_kind: Optional[str]
+    version: Dict[str, Optional[str]]
+    settings: Settings
+    changes: List[Change] = field(default_factory=list)
+    mode: str = "apply"
+    written: bool = False
+
+    def diff(self) -> str:
+        chunks = []
+        for change in self.changes:
+            chunks.extend(
+                difflib.unified_diff(
+                    change.old.decode("utf-8", "replace").splitlines(keepends=True),
+                    change.new.decode("utf-8", "replace").splitlines(keepends=True),
+                    f"a/{change.path}",
+                    f"b/{change.path}",
+                )
+            )
+        return "".join(chunks)
+
+    def as_dict(self) -> dict:
+        document = {
+            "mode": self.mode,
+            "source": self.source,
+            "source_kind": self.source_kind,
+            "output": self.output,
+            "output_kind": self.output_kind,
+            **self.version,
+            "console": self.settings.console,
+            "also_vga": self.settings.also_vga,
+            "extra_args": self.settings.extra_args,
+            "timeout": self.settings.timeout,
+            "default": self.settings.default,
+            "serialized": not self.changes,
+            "changes": [{"path": c.path, "what": c.notes} for c in self.changes],
+            "written": self.written,
+        }
+        if self.mode == "dry-run":
+            document["diff"] = self.diff()
+        return document
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    port, baud = parse_console(args.console)
+    if args.timeout is not None and not 1 <= args.timeout <= 3599:
+        raise Error("--timeout must be between 1 and 3599 seconds")
+    if args.default is not None and args.default not in ENTRIES:
+        raise Error(f"--default {args.default!r}: choose one of {', '.join(ENTRIES)}")
+    if args.default and args.timeout is None:
+        raise Error("--default needs --timeout: it names the entry booted when it expires")
+    return Settings(
+        port,
+        baud,
+        args.also_vga,
+        parse_extra_args(args.extra_args or ""),
+        args.timeout,
+        args.default,
+    )
+
+
+def kind_of(path: Path) -> str:
+    if path.is_dir():
+        return "tree"
+    if path.is_file():
+        return "tarball"
+    raise Error(
+        f"{path} does not exist"
+        if not os.path.lexists(path)
+        else f"{path} is neither a directory nor a tarball"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    new = settings_from(args)
+    source = Path(args.source)
+    source_kind = kind_of(source)
+    members: List[tarball.Member] = []
+    if source_kind == "tree":
+        layout, files = read_tree(source)
+    else:
+        layout, files, members = read_tarball(source)
+    dest = Path(args.output) if args.output else None
+    if dest is not None and dest.resolve() == source.resolve():
+        dest = None
+    dest_kind = None
+    if dest is not None:
+        if source_kind == "tree" and source.resolve() in dest.resolve().parents:
+            raise Error(f"--output {dest} lies inside the source tree")
+        dest_kind = "tarball" if tarball.is_tarball_name(dest) else "tree"
+        if os.path.lexists(dest) and (dest_kind == "tree") != (
+            dest.is_dir() and not dest.is_symlink()
+        ):
+            raise Error(f"--output {dest} exists and is not a {dest_kind}")
+        if not dest.parent.is_dir():
+            raise Error(f"--output {dest}: {dest.parent} is not a directory")
+    changes = serialize(files, layout, new)
+    mode = "check" if args.check else "dry-run" if args.dry_run else "apply"
+    report = Report(
+        str(source),
+        source_kind,
+        str(dest) if dest else None,
+        dest_kind,
+        installer_version(files.get(layout.version or "")),
+        new,
+        changes,
+        mode,
+    )
+    if mode == "apply":
+        if (
+            dest is None
+            and source_kind == "tree"
+            and changes
+            and source.resolve().is_relative_to("/usr/lib/debian-installer")
+        ):
+            log.warning(
+                "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
+                source,
+            )
+        replace = {c.path: c.new for c in changes}
+        report.written = write(source, source_kind, dest, dest_kind, members, replace)
+    if args.json:
+        emit_json(report.as_dict())
+    else:
+        print_report(report)
+    if mode == "check" and changes:
+        return EXIT_ACTION
+    return EXIT_OK
+
+
+def write(
+    source: Path,
+    source_kind: str,
+    dest: Optional[Path],
+    dest_kind: Optional[str],
+    members: List[tarball.Member],
+    replace: Dict[str, bytes],
+) -> bool:
+    if dest is None:
+        if not replace:
+            return False
+        if source_kind == "tree":
+            for name, data in replace.items():
+                path = source / name
+                fsutil.atomic_write(path, data, mode=stat.S_IMODE(os.stat(path).st_mode))
+            return True
+        dest, dest_kind = source, "tarball"
+    compress = not dest.name.endswith(".tar")
+    if dest_kind == "tarball":
+        if source_kind == "tree":
+            write_tarball_atomically(
+                dest, lambda out: tarball.write_tree_tarball(source, out, replace, compress)
+            )
+        else:
+            write_tarball_atomically(
+                dest, lambda out: tarball.rewrite(source, members, out, replace, compress)
+            )
+        return True
+    staging = _sibling_temp_dir(dest)
+    try:
+        os.chmod(staging, 0o755)
+        if source_kind == "tree":
+            copy_tree(source, staging)
+            for name, data in replace.items():
+                path = staging / name
+                mode = stat.S_IMODE(os.stat(path).st_mode)
+                path.unlink()
+                path.write_bytes(data)
+                os.chmod(path, mode)
+        else:
+            tarball.extract(source, members, staging, replace)
+        put_tree_in_place(staging, dest)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise Error(f"cannot write {dest}: {exc.strerror or exc}") from None
+        raise
+    return True
+
+
+def print_report(report: Report) -> None:
+    version = report.version
+    print(
+        f"installer: {version['installer_build'] or 'unknown build'} "
+        f"(Debian {version['debian_version'] or 'unknown version'})"
+    )
+    target = report.output or report.source
+    if report.mode == "check":
+        if not report.changes:
+            print(f"ok: {report.source} is serialized for {report.settings.console}")
+            return
+        for change in report.changes:
+            print(f"differs: {change.path}: {'; '.join(change.notes)}")
+        print(
+            f"{len(report.changes)} file(s) not serialized for {report.settings.console}; "
+            f"run '{PROG}' without --check to fix them"
+        )
+        return
+    if report.mode == "dry-run":
+        print(report.diff(), end="")
+        print(
+            f"would change {len(report.changes)} file(s)"
+            + (f" and write {target}" if report.output else "")
+        )
+        return
+    for change in report.changes:
+        print(f"changed: {change.path}: {'; '.join(change.notes)}")
+    if report.written:
+        print(f"wrote {target} ({report.settings.console})")
+    else:
+        print(f"nothing to change: {target} is serialized for {report.settings.console}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.new_parser(
+        PROG,
+        "Put a Debian installer netboot tree or netboot.tar.gz on a serial console, for BIOS "
+        "(pxelinux) and UEFI (shim + GRUB).",
+        epilog="exit status: 0 ok, 1 not serialized (--check), 2 error or refused input",
+    )
+    parser.add_argument(
+        "source", metavar="SOURCE", help="netboot tree (TFTP root) or netboot.tar.gz / .tar"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="DEST",
+        help="write DEST instead of editing SOURCE: a tarball when it ends in "
+        ".tar.gz, .tgz or .tar, else a directory tree",
+    )
+    parser.add_argument(
+        "-c",
+        "--console",
+        default="ttyS0,115200n8",
+        metavar="ttySN,BAUD",
+        help="serial console (default: ttyS0,115200n8)",
+    )
+    parser.add_argument(
+        "--also-vga", action="store_true", help="keep a VGA console too (vga=788 and console=tty0)"
+    )
+    parser.add_argument(
+        "--extra-args",
+        metavar="ARGS",
+        help="arguments appended to every kernel command line; those after "
+        "a '---' in ARGS also go to the installed system",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        metavar="SECONDS",
+        help="boot the default entry after SECONDS (default: wait forever)",
+    )
+    parser.add_argument(
+        "--default",
+        metavar="ENTRY",
+        help="entry booted on --timeout: install (default), expert, rescue " "or auto",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--check", action="store_true", help="exit 0 when SOURCE is already serialized, 1 when not"
+    )
+    group.add_argument(
+        "-n", "--dry-run", action="store_true", help="print a unified diff and write nothing"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return cli.run(PROG, build_parser(), argv, run)
