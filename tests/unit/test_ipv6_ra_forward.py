@@ -151,9 +151,11 @@ def test_ra_addresses_and_routes():
 
 def test_status_explains_the_problem(tmp_path):
     root = make_root(tmp_path, {"up0": (1, 1), "eth0.100": (1, 2), "lo": (1, 1),
-                                "virbr0": (1, 0)}, forwarding=1)
+                                "virbr0": (1, 0), "wan1": (1, 1), "vnet3": (1, 1)},
+                     forwarding=1)
     addr, route = ip_fixtures()
-    report = raf.collect_status(root, [], addr, route, raf.Config(), None)
+    neigh = json.loads((DATA / "ip-neigh.json").read_text())
+    report = raf.collect_status(root, [], addr, route, neigh, raf.Config(), None)
     assert not report["ok"] and report["forwarding"]
     messages = {p["interface"]: p["message"] for p in report["problems"]}
     assert messages["up0"] == ("forwarding is on and up0 has accept_ra=1: its RA default "
@@ -161,16 +163,21 @@ def test_status_explains_the_problem(tmp_path):
     assert "will be lost" not in messages["eth0.100"]
     assert "neither" in messages["eth0.100"]  # accept_ra=2 only at runtime
     assert "virbr0" not in messages and "lo" not in messages  # not uplinks
+    assert "vnet3" not in messages  # a plain neighbour, no router
+    # No route, no address left, but the router's neighbour entry says it is an uplink.
+    assert messages["wan1"] == ("forwarding is on and wan1 has accept_ra=1: router "
+                                "advertisements are ignored, it has no RA default route")
     up0 = [i for i in report["interfaces"] if i["name"] == "up0"][0]
     assert up0["accepts_ra"] is False and up0["uplink"] and up0["managed_by"] == "none"
     persisted = raf.Persisted(["eth0.100"], True)
-    report = raf.collect_status(root, ["eth0.100"], addr, route, raf.Config(), persisted)
+    report = raf.collect_status(root, ["eth0.100"], addr, route, [], raf.Config(), persisted)
     assert report["ok"] and report["interfaces"][0]["persisted"]
 
 
 def test_status_cli_json(host, monkeypatch, capsys):
     addr, route = ip_fixtures()
-    monkeypatch.setattr(raf, "ip_json", lambda argv: addr if "addr" in argv else route)
+    monkeypatch.setattr(raf, "ip_json", lambda argv: addr if "addr" in argv
+                        else route if "route" in argv else [])
     (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
     (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
     assert raf.main(["status", "--json", "eth0"]) == 1

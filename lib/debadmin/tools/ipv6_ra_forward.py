@@ -352,16 +352,24 @@ def ra_routes(route_json: list) -> Dict[str, List[Dict[str, object]]]:
     return found
 
 
+def router_links(neigh_json: list) -> List[str]:
+    """Interfaces with a neighbour flagged as router, from 'ip -json -6 neigh show': the
+    trace an RA leaves after forwarding purged its route."""
+    return sorted({n.get("dev", "?") for n in neigh_json if "router" in n})
+
+
 def accepts_ra(accept_ra: int, forwarding: int) -> bool:
     return accept_ra == 2 or (accept_ra == 1 and forwarding == 0)
 
 
 def collect_status(root: Path, names: List[str], addr_json: list, route_json: list,
-                   config: Config, persisted: Optional[Persisted]) -> Dict[str, object]:
+                   neigh_json: list, config: Config, persisted: Optional[Persisted],
+                   ) -> Dict[str, object]:
     """The report of 'status' (also its --json document)."""
     global_forwarding = read_sysctl(root, "all", "forwarding")
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
     addresses, routes = ra_addresses(addr_json), ra_routes(route_json)
+    routers = router_links(neigh_json)
     persisted_uplinks = set(persisted.uplinks) if persisted else set()
     explicit = bool(names)
     interfaces, problems = [], []
@@ -370,7 +378,7 @@ def collect_status(root: Path, names: List[str], addr_json: list, route_json: li
         accept_ra = read_sysctl(root, name, "accept_ra")
         owner = owners.detect(root, name)
         uplink = (explicit or name in persisted_uplinks or matches(config.uplinks, name)
-                  or name in routes or name in addresses)
+                  or name in routes or name in addresses or name in routers)
         entry = {
             "name": name,
             "forwarding": bool(forwarding),
@@ -382,6 +390,7 @@ def collect_status(root: Path, names: List[str], addr_json: list, route_json: li
             "managed_by_source": owner.source,
             "uplink": uplink,
             "persisted": name in persisted_uplinks,
+            "router_seen": name in routers,
         }
         interfaces.append(entry)
         if not uplink or name == "lo":
@@ -434,6 +443,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         read_sysctl(root, name, "accept_ra")  # a clear error for an unknown interface
     report = collect_status(root, names, ip_json(["-6", "addr", "show"]),
                             ip_json(["-6", "route", "show", "default"]),
+                            ip_json(["-6", "neigh", "show"]),
                             read_config(root), read_dropin(root))
     if args.json:
         emit_json(report)

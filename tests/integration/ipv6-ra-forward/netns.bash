@@ -12,6 +12,7 @@ NS_WORK=$(mktemp -d /tmp/ipv6-ra-forward-test.XXXXXX)
 
 ns_cleanup() {
     local pidfile ns
+    set +e  # the trap runs under the test's set -e: clean up everything regardless
     for pidfile in "${RADVD_PIDFILES[@]}"; do
         [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null
     done
