@@ -25,19 +25,21 @@ ns_cleanup() {
     return 0
 }
 
-# ns_new SUFFIX: a network namespace with lo up; prints its name.
+# ns_new NAME: a network namespace with lo up, recorded for ns_cleanup (so never
+# call it in a $(...) subshell). NAME must start with $NS_PREFIX-.
 ns_new() {
-    local ns="$NS_PREFIX-$1"
-    ip netns add "$ns" || fail "ip netns add $ns"
-    NS_CREATED+=("$ns")
-    ip -n "$ns" link set lo up
-    echo "$ns"
+    case $1 in "$NS_PREFIX"-*) ;; *) fail "namespace $1 lacks the prefix $NS_PREFIX-" ;; esac
+    ip netns add "$1" || fail "ip netns add $1"
+    NS_CREATED+=("$1")
+    ip -n "$1" link set lo up
 }
 
 # in_ns NS CMD...: run CMD in NS (with /etc/netns/NS/* over /etc/*, as ip netns exec does).
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 sysctl_get() { in_ns "$1" cat "/proc/sys/net/ipv6/conf/$2/$3"; }
+# sysctl_is NS IFACE KEY VALUE (for wait_until, which re-runs it)
+sysctl_is() { [ "$(sysctl_get "$1" "$2" "$3" 2>/dev/null)" = "$4" ]; }
 
 # radvd_start NS IFACE...: radvd advertising 2001:db8:N::/64 on each IFACE, unsolicited
 # only every 150..200 s (after its three initial advertisements, at most 16 s apart), so
