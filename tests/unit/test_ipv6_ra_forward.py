@@ -53,23 +53,58 @@ def host(tmp_path, monkeypatch):
 # --- names ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["eth0", "eth0.100", "enp1s0f1", "wan_1", "br-lan", "a",
-                                  "x" * 15, "veth@1", "ab"])
+@pytest.mark.parametrize(
+    "name", ["eth0", "eth0.100", "enp1s0f1", "wan_1", "br-lan", "a", "x" * 15, "veth@1", "ab"]
+)
 def test_good_names(name):
     assert raf.validate_ifname(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "x" * 16, ".", "..", "eth0/1", "a b", "a\tb", "a\nb",
-                                  "-rf", ".hidden", "a;b", "$(id)", "`id`", "a:1", "all",
-                                  "default", "ethé0", "é" * 8, "a|b", "a'b", "*"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "x" * 16,
+        ".",
+        "..",
+        "eth0/1",
+        "a b",
+        "a\tb",
+        "a\nb",
+        "-rf",
+        ".hidden",
+        "a;b",
+        "$(id)",
+        "`id`",
+        "a:1",
+        "all",
+        "default",
+        "ethé0",
+        "é" * 8,
+        "a|b",
+        "a'b",
+        "*",
+    ],
+)
 def test_bad_names(name):
     with pytest.raises(Error, match="invalid interface name"):
         raf.validate_ifname(name)
 
 
-@pytest.mark.parametrize("pattern,ok", [("en*", True), ("eth[01]", True), ("wan?", True),
-                                        ("eth0.100", True), ("en* x", False), ("$(id)*", False),
-                                        ("all", False), ("../*", False), ("a/b", False)])
+@pytest.mark.parametrize(
+    "pattern,ok",
+    [
+        ("en*", True),
+        ("eth[01]", True),
+        ("wan?", True),
+        ("eth0.100", True),
+        ("en* x", False),
+        ("$(id)*", False),
+        ("all", False),
+        ("../*", False),
+        ("a/b", False),
+    ],
+)
 def test_patterns(pattern, ok):
     if ok:
         assert raf.validate_pattern(pattern) == pattern
@@ -92,15 +127,26 @@ def test_dropin_round_trip_and_order():
     state = raf.Persisted(["wan0", "eth0.100"], True, {"eth0.100": 1, "wan0": 0}, 0)
     text = state.render()
     keys = [line.split(" = ")[0] for line in text.splitlines() if not line.startswith("#")]
-    assert keys == ["net.ipv6.conf.eth0/100.accept_ra", "net.ipv6.conf.wan0.accept_ra",
-                    "net.ipv6.conf.all.forwarding"]
-    assert raf.parse_dropin(text) == raf.Persisted(["eth0.100", "wan0"], True,
-                                                   {"eth0.100": 1, "wan0": 0}, 0)
+    assert keys == [
+        "net.ipv6.conf.eth0/100.accept_ra",
+        "net.ipv6.conf.wan0.accept_ra",
+        "net.ipv6.conf.all.forwarding",
+    ]
+    assert raf.parse_dropin(text) == raf.Persisted(
+        ["eth0.100", "wan0"], True, {"eth0.100": 1, "wan0": 0}, 0
+    )
 
 
-@pytest.mark.parametrize("line", ["net.ipv4.ip_forward = 1", "net.ipv6.conf.eth0.accept_ra = 1",
-                                  "net.ipv6.conf.all.forwarding = 0", "garbage",
-                                  "net.ipv6.conf.a;b.accept_ra = 2"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "net.ipv4.ip_forward = 1",
+        "net.ipv6.conf.eth0.accept_ra = 1",
+        "net.ipv6.conf.all.forwarding = 0",
+        "garbage",
+        "net.ipv6.conf.a;b.accept_ra = 2",
+    ],
+)
 def test_dropin_refuses_foreign_lines(line):
     with pytest.raises(Error, match="not a line ipv6-ra-forward wrote"):
         raf.parse_dropin(f"# comment\n{line}\n")
@@ -124,8 +170,13 @@ def test_read_config(tmp_path):
     assert raf.read_config(tmp_path, path) == raf.Config([], True)
     path.write_text('# c\nUPLINKS="en* wan0"  # trailing\nFORWARDING=no\n')
     assert raf.read_config(tmp_path, path) == raf.Config(["en*", "wan0"], False)
-    for bad in ('UPLINKS="en*\n', "UPLINKS='$(reboot)'\n", "FORWARDING=maybe\n",
-                "OTHER=1\n", "UPLINKS=a/b\n"):
+    for bad in (
+        'UPLINKS="en*\n',
+        "UPLINKS='$(reboot)'\n",
+        "FORWARDING=maybe\n",
+        "OTHER=1\n",
+        "UPLINKS=a/b\n",
+    ):
         path.write_text(bad)
         with pytest.raises(Error):
             raf.read_config(tmp_path, path)
@@ -135,38 +186,55 @@ def test_read_config(tmp_path):
 
 
 def ip_fixtures():
-    return (json.loads((DATA / "ip-addr.json").read_text()),
-            json.loads((DATA / "ip-route.json").read_text()))
+    return (
+        json.loads((DATA / "ip-addr.json").read_text()),
+        json.loads((DATA / "ip-route.json").read_text()),
+    )
 
 
 def test_ra_addresses_and_routes():
     addr, route = ip_fixtures()
-    assert raf.ra_addresses(addr) == {"up0": ["2001:db8:1:0:acae:2aff:fed7:5d0c/64"],
-                                      "eth0.100": ["2001:db8:2::5/64"]}
+    assert raf.ra_addresses(addr) == {
+        "up0": ["2001:db8:1:0:acae:2aff:fed7:5d0c/64"],
+        "eth0.100": ["2001:db8:2::5/64"],
+    }
     routes = raf.ra_routes(route)
-    assert routes["up0"] == [{"gateway": "fe80::9065:2fff:fe35:71d8", "metric": 1024,
-                              "expires": 1798}]
+    assert routes["up0"] == [
+        {"gateway": "fe80::9065:2fff:fe35:71d8", "metric": 1024, "expires": 1798}
+    ]
     assert [r["gateway"] for r in routes["eth0.100"]] == ["fe80::1", "fe80::2"]
 
 
 def test_status_explains_the_problem(tmp_path):
-    root = make_root(tmp_path, {"up0": (1, 1), "eth0.100": (1, 2), "lo": (1, 1),
-                                "virbr0": (1, 0), "wan1": (1, 1), "vnet3": (1, 1)},
-                     forwarding=1)
+    root = make_root(
+        tmp_path,
+        {
+            "up0": (1, 1),
+            "eth0.100": (1, 2),
+            "lo": (1, 1),
+            "virbr0": (1, 0),
+            "wan1": (1, 1),
+            "vnet3": (1, 1),
+        },
+        forwarding=1,
+    )
     addr, route = ip_fixtures()
     neigh = json.loads((DATA / "ip-neigh.json").read_text())
     report = raf.collect_status(root, [], addr, route, neigh, raf.Config(), None)
     assert not report["ok"] and report["forwarding"]
     messages = {p["interface"]: p["message"] for p in report["problems"]}
-    assert messages["up0"] == ("forwarding is on and up0 has accept_ra=1: its RA default "
-                               "route will be dropped")
+    assert messages["up0"] == (
+        "forwarding is on and up0 has accept_ra=1: its RA default " "route will be dropped"
+    )
     assert "will be lost" not in messages["eth0.100"]
     assert "neither" in messages["eth0.100"]  # accept_ra=2 only at runtime
     assert "virbr0" not in messages and "lo" not in messages  # not uplinks
     assert "vnet3" not in messages  # a plain neighbour, no router
     # No route, no address left, but the router's neighbour entry says it is an uplink.
-    assert messages["wan1"] == ("forwarding is on and wan1 has accept_ra=1: router "
-                                "advertisements are ignored, it has no RA default route")
+    assert messages["wan1"] == (
+        "forwarding is on and wan1 has accept_ra=1: router "
+        "advertisements are ignored, it has no RA default route"
+    )
     up0 = [i for i in report["interfaces"] if i["name"] == "up0"][0]
     assert up0["accepts_ra"] is False and up0["uplink"] and up0["managed_by"] == "none"
     persisted = raf.Persisted(["eth0.100"], True)
@@ -176,8 +244,9 @@ def test_status_explains_the_problem(tmp_path):
 
 def test_status_cli_json(host, monkeypatch, capsys):
     addr, route = ip_fixtures()
-    monkeypatch.setattr(raf, "ip_json", lambda argv: addr if "addr" in argv
-                        else route if "route" in argv else [])
+    monkeypatch.setattr(
+        raf, "ip_json", lambda argv: addr if "addr" in argv else route if "route" in argv else []
+    )
     (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
     (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
     assert raf.main(["status", "--json", "eth0"]) == 1
@@ -193,12 +262,20 @@ def test_status_cli_json(host, monkeypatch, capsys):
 def test_enable_order_persist_and_idempotence(host, capsys, monkeypatch):
     order = []
     real_write = raf.write_sysctl
-    monkeypatch.setattr(raf, "write_sysctl",
-                        lambda root, n, k, v: order.append((n, k, v)) or real_write(root, n, k, v))
+    monkeypatch.setattr(
+        raf,
+        "write_sysctl",
+        lambda root, n, k, v: order.append((n, k, v)) or real_write(root, n, k, v),
+    )
     monkeypatch.setattr(raf, "solicit", lambda name: order.append(("solicit", name)))
     assert raf.main(["enable", "eth0.100", "eth0"]) == 0
-    assert order == [("eth0.100", "accept_ra", 2), ("eth0", "accept_ra", 2),
-                     ("all", "forwarding", 1), ("solicit", "eth0.100"), ("solicit", "eth0")]
+    assert order == [
+        ("eth0.100", "accept_ra", 2),
+        ("eth0", "accept_ra", 2),
+        ("all", "forwarding", 1),
+        ("solicit", "eth0.100"),
+        ("solicit", "eth0"),
+    ]
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("done: write ")  # the file first: /etc read-only
     text = (host / raf.DROPIN).read_text()
@@ -215,9 +292,11 @@ def test_enable_order_persist_and_idempotence(host, capsys, monkeypatch):
 def test_enable_dry_run_changes_nothing(host, capsys):
     assert raf.main(["enable", "--dry-run", "eth0"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1:] == ["would set net.ipv6.conf.eth0.accept_ra=2 (was 1)",
-                       "would set net.ipv6.conf.all.forwarding=1 (was 0)",
-                       "would send a router solicitation on eth0"]
+    assert out[1:] == [
+        "would set net.ipv6.conf.eth0.accept_ra=2 (was 1)",
+        "would set net.ipv6.conf.all.forwarding=1 (was 0)",
+        "would send a router solicitation on eth0",
+    ]
     assert not (host / raf.DROPIN).exists() and host.sent == []
     assert sysctl(host, "eth0", "accept_ra") == 1
 
@@ -271,8 +350,9 @@ def test_disable_leaves_forwarding_it_found_on(host):
 
 
 def test_owner_networkd_config(tmp_path):
-    root = make_root(tmp_path, {"enp1s0": (0, 0), "lan0": (0, 1), "host0": (0, 1)},
-                     fixture="networkd")
+    root = make_root(
+        tmp_path, {"enp1s0": (0, 0), "lan0": (0, 1), "host0": (0, 1)}, fixture="networkd"
+    )
     owner = owners.detect(root, "enp1s0")
     assert owner.name == owners.NETWORKD and owner.source.endswith("10-uplink.network")
     assert owners.detect(root, "lan0").name == owners.NOBODY  # Name=!en* wan* lan*
@@ -363,6 +443,12 @@ def test_configure_new(host, capsys):
     assert not raf.configure_new(host, "lan0", dry_run=False)  # already done
     assert not raf.configure_new(host, "bad;name", dry_run=False)
     assert not raf.configure_new(host, "gone0", dry_run=False)  # no sysctl dir appeared
+    (host / "sys/class/net/eth0").mkdir(parents=True)
+    (host / "sys/class/net/eth0/flags").write_text("0x1002\n")  # down
+    assert raf.configure_new(host, "eth0", dry_run=False)
+    assert host.sent == ["lan0"] and sysctl(host, "eth0", "accept_ra") == 2
+    (host / "sys/class/net/eth0/flags").write_text("0x1003\n")  # up
+    assert raf.link_is_up(host, "eth0") and raf.link_is_up(host, "nosuch0")
 
 
 def test_udev_source(tmp_path):

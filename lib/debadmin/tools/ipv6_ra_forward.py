@@ -257,8 +257,9 @@ def send_router_solicitation(ifname: str) -> None:
             packet = struct.pack("!BBHI", ICMPV6_ROUTER_SOLICITATION, 0, 0, 0)
             sock.sendto(packet, (ALL_ROUTERS, 0, 0, index))
     except OSError as exc:
-        raise Error(f"cannot send a router solicitation on {ifname}: "
-                    f"{exc.strerror or exc}") from None
+        raise Error(
+            f"cannot send a router solicitation on {ifname}: " f"{exc.strerror or exc}"
+        ) from None
 
 
 def solicit(ifname: str) -> bool:
@@ -277,23 +278,32 @@ def solicit(ifname: str) -> bool:
 
 def snippet(owner: owners.Owner, ifname: str) -> str:
     if owner.name == owners.NETWORKD:
-        base = Path(owner.source).name if owner.source and owner.source.endswith(".network") \
+        base = (
+            Path(owner.source).name
+            if owner.source and owner.source.endswith(".network")
             else f"{ifname}.network"
-        return (f"# systemd-networkd manages {ifname} ({owner.source}); it handles router\n"
-                f"# advertisements itself and needs IPv6AcceptRA=yes explicitly when forwarding.\n"
-                f"# /etc/systemd/network/{base}.d/ipv6-ra-forward.conf, then"
-                f" 'networkctl reload':\n"
-                f"[Network]\nIPv6AcceptRA=yes\n")
+        )
+        return (
+            f"# systemd-networkd manages {ifname} ({owner.source}); it handles router\n"
+            f"# advertisements itself and needs IPv6AcceptRA=yes explicitly when forwarding.\n"
+            f"# /etc/systemd/network/{base}.d/ipv6-ra-forward.conf, then"
+            f" 'networkctl reload':\n"
+            f"[Network]\nIPv6AcceptRA=yes\n"
+        )
     if owner.name == owners.NETWORKMANAGER:
         conn = shlex.quote(owner.connection) if owner.connection else "CONNECTION"
-        return (f"# NetworkManager manages {ifname} ({owner.source}); it handles router\n"
-                f"# advertisements itself with ipv6.method auto. Run:\n"
-                f"nmcli connection modify {conn} ipv6.method auto\n"
-                f"nmcli connection up {conn}\n")
+        return (
+            f"# NetworkManager manages {ifname} ({owner.source}); it handles router\n"
+            f"# advertisements itself with ipv6.method auto. Run:\n"
+            f"nmcli connection modify {conn} ipv6.method auto\n"
+            f"nmcli connection up {conn}\n"
+        )
     if owner.name == owners.IFUPDOWN:
-        return (f"# ifupdown writes accept_ra when it brings {ifname} up; in the\n"
-                f"# 'iface {ifname} inet6' stanza of {owner.source} set:\n"
-                f"    accept_ra 2\n")
+        return (
+            f"# ifupdown writes accept_ra when it brings {ifname} up; in the\n"
+            f"# 'iface {ifname} inet6' stanza of {owner.source} set:\n"
+            f"    accept_ra 2\n"
+        )
     return ""
 
 
@@ -328,7 +338,8 @@ def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
                 continue
             if info.get("dynamic") or info.get("protocol") == "kernel_ra":
                 found.setdefault(link.get("ifname", "?"), []).append(
-                    f"{info['local']}/{info.get('prefixlen', 128)}")
+                    f"{info['local']}/{info.get('prefixlen', 128)}"
+                )
     return found
 
 
@@ -341,14 +352,20 @@ def ra_routes(route_json: list) -> Dict[str, List[Dict[str, object]]]:
         if "nexthops" in route:
             for hop in route["nexthops"]:
                 found.setdefault(hop.get("dev", "?"), []).append(
-                    {"gateway": hop.get("gateway"), "metric": route.get("metric"),
-                     "expires": route.get("expires")})
+                    {
+                        "gateway": hop.get("gateway"),
+                        "metric": route.get("metric"),
+                        "expires": route.get("expires"),
+                    }
+                )
             continue
-        found.setdefault(route.get("dev", "?"), []).append({
-            "gateway": route.get("gateway"),
-            "metric": route.get("metric"),
-            "expires": route.get("expires"),
-        })
+        found.setdefault(route.get("dev", "?"), []).append(
+            {
+                "gateway": route.get("gateway"),
+                "metric": route.get("metric"),
+                "expires": route.get("expires"),
+            }
+        )
     return found
 
 
@@ -362,9 +379,15 @@ def accepts_ra(accept_ra: int, forwarding: int) -> bool:
     return accept_ra == 2 or (accept_ra == 1 and forwarding == 0)
 
 
-def collect_status(root: Path, names: List[str], addr_json: list, route_json: list,
-                   neigh_json: list, config: Config, persisted: Optional[Persisted],
-                   ) -> Dict[str, object]:
+def collect_status(
+    root: Path,
+    names: List[str],
+    addr_json: list,
+    route_json: list,
+    neigh_json: list,
+    config: Config,
+    persisted: Optional[Persisted],
+) -> Dict[str, object]:
     """The report of 'status' (also its --json document)."""
     global_forwarding = read_sysctl(root, "all", "forwarding")
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
@@ -377,8 +400,14 @@ def collect_status(root: Path, names: List[str], addr_json: list, route_json: li
         forwarding = read_sysctl(root, name, "forwarding")
         accept_ra = read_sysctl(root, name, "accept_ra")
         owner = owners.detect(root, name)
-        uplink = (explicit or name in persisted_uplinks or matches(config.uplinks, name)
-                  or name in routes or name in addresses or name in routers)
+        uplink = (
+            explicit
+            or name in persisted_uplinks
+            or matches(config.uplinks, name)
+            or name in routes
+            or name in addresses
+            or name in routers
+        )
         entry = {
             "name": name,
             "forwarding": bool(forwarding),
@@ -400,32 +429,57 @@ def collect_status(root: Path, names: List[str], addr_json: list, route_json: li
             problems.append({"interface": name, "kind": kind, "message": message})
 
         if owner.handles_ra_itself:
-            if owner.name == owners.NETWORKD and global_forwarding and owner.source \
-                    and owner.source.endswith(".network") \
-                    and not owners.networkd_accepts_ra(root, Path(owner.source)):
-                problem("networkd-ra", f"forwarding is on and systemd-networkd manages {name} "
-                        f"without IPv6AcceptRA=yes in {owner.source}: it ignores router "
-                        f"advertisements")
+            if (
+                owner.name == owners.NETWORKD
+                and global_forwarding
+                and owner.source
+                and owner.source.endswith(".network")
+                and not owners.networkd_accepts_ra(root, Path(owner.source))
+            ):
+                problem(
+                    "networkd-ra",
+                    f"forwarding is on and systemd-networkd manages {name} "
+                    f"without IPv6AcceptRA=yes in {owner.source}: it ignores router "
+                    f"advertisements",
+                )
             continue
         if forwarding and accept_ra == 1:
             if routes.get(name):
-                problem("ra-ignored", f"forwarding is on and {name} has accept_ra=1: its RA "
-                        f"default route will be dropped")
+                problem(
+                    "ra-ignored",
+                    f"forwarding is on and {name} has accept_ra=1: its RA "
+                    f"default route will be dropped",
+                )
             else:
-                problem("ra-ignored", f"forwarding is on and {name} has accept_ra=1: router "
-                        f"advertisements are ignored, it has no RA default route")
+                problem(
+                    "ra-ignored",
+                    f"forwarding is on and {name} has accept_ra=1: router "
+                    f"advertisements are ignored, it has no RA default route",
+                )
         elif accept_ra <= 0:
-            problem("ra-disabled", f"{name} has accept_ra={accept_ra}: router advertisements "
-                    f"are ignored")
-        elif accept_ra == 2 and forwarding and name not in persisted_uplinks \
-                and not matches(config.uplinks, name):
-            problem("not-persisted", f"{name} has accept_ra=2 but neither {root / DROPIN} nor "
-                    f"{root / DEFAULTS_FILE} keeps it: a reboot or a new link brings back "
-                    f"accept_ra={default_accept_ra}")
+            problem(
+                "ra-disabled",
+                f"{name} has accept_ra={accept_ra}: router advertisements " f"are ignored",
+            )
+        elif (
+            accept_ra == 2
+            and forwarding
+            and name not in persisted_uplinks
+            and not matches(config.uplinks, name)
+        ):
+            problem(
+                "not-persisted",
+                f"{name} has accept_ra=2 but neither {root / DROPIN} nor "
+                f"{root / DEFAULTS_FILE} keeps it: a reboot or a new link brings back "
+                f"accept_ra={default_accept_ra}",
+            )
         if ifupdown_conflicts(owner):
-            problem("ifupdown", f"ifupdown sets accept_ra="
-                    f"{owner.inet6.get('accept_ra', '0')} on {name} at ifup "
-                    f"({owner.source}): use accept_ra 2 in its inet6 stanza")
+            problem(
+                "ifupdown",
+                f"ifupdown sets accept_ra="
+                f"{owner.inet6.get('accept_ra', '0')} on {name} at ifup "
+                f"({owner.source}): use accept_ra 2 in its inet6 stanza",
+            )
     return {
         "forwarding": bool(global_forwarding),
         "default_accept_ra": default_accept_ra,
@@ -441,22 +495,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     names = [validate_ifname(n) for n in args.interfaces]
     for name in names:
         read_sysctl(root, name, "accept_ra")  # a clear error for an unknown interface
-    report = collect_status(root, names, ip_json(["-6", "addr", "show"]),
-                            ip_json(["-6", "route", "show", "default"]),
-                            ip_json(["-6", "neigh", "show"]),
-                            read_config(root), read_dropin(root))
+    report = collect_status(
+        root,
+        names,
+        ip_json(["-6", "addr", "show"]),
+        ip_json(["-6", "route", "show", "default"]),
+        ip_json(["-6", "neigh", "show"]),
+        read_config(root),
+        read_dropin(root),
+    )
     if args.json:
         emit_json(report)
     else:
-        print(f"forwarding: {'on' if report['forwarding'] else 'off'} "
-              f"(new interfaces get accept_ra={report['default_accept_ra']})")
+        print(
+            f"forwarding: {'on' if report['forwarding'] else 'off'} "
+            f"(new interfaces get accept_ra={report['default_accept_ra']})"
+        )
         for entry in report["interfaces"]:
             if not entry["uplink"] and not names:
                 continue
-            print(f"{entry['name']}: forwarding={int(entry['forwarding'])} "
-                  f"accept_ra={entry['accept_ra']} "
-                  f"RAs {'accepted' if entry['accepts_ra'] else 'ignored'} by the kernel, "
-                  f"managed by {entry['managed_by']}")
+            print(
+                f"{entry['name']}: forwarding={int(entry['forwarding'])} "
+                f"accept_ra={entry['accept_ra']} "
+                f"RAs {'accepted' if entry['accepts_ra'] else 'ignored'} by the kernel, "
+                f"managed by {entry['managed_by']}"
+            )
             for address in entry["ra_addresses"]:
                 print(f"  address {address}")
             for route in entry["ra_default_routes"]:
@@ -502,16 +565,21 @@ def _run_steps(steps: List[Step], dry_run: bool) -> None:
             print(f"done: {text}")
 
 
-def plan_enable(root: Path, uplinks: List[str], forwarding: bool, persist: bool,
-                ) -> Tuple[List[Step], List[str], List[str]]:
+def plan_enable(
+    root: Path,
+    uplinks: List[str],
+    forwarding: bool,
+    persist: bool,
+) -> Tuple[List[Step], List[str], List[str]]:
     """The steps of enable in their order, the uplinks to solicit on, and the snippets."""
     steps: List[Step] = []
     snippets: List[str] = []
     solicit_on: List[str] = []
     previous = read_dropin(root) if persist else None
     state = previous or Persisted()
-    state = Persisted(list(state.uplinks), state.forwarding, dict(state.saved_accept_ra),
-                      state.saved_forwarding)
+    state = Persisted(
+        list(state.uplinks), state.forwarding, dict(state.saved_accept_ra), state.saved_forwarding
+    )
     kernel_uplinks = []
     for name in uplinks:
         owner = owners.detect(root, name)
@@ -523,8 +591,12 @@ def plan_enable(root: Path, uplinks: List[str], forwarding: bool, persist: bool,
         kernel_uplinks.append(name)
         current = read_sysctl(root, name, "accept_ra")
         if current != 2:
-            steps.append((f"set {sysctl_key(name, 'accept_ra')}=2 (was {current})",
-                          lambda n=name: write_sysctl(root, n, "accept_ra", 2)))
+            steps.append(
+                (
+                    f"set {sysctl_key(name, 'accept_ra')}=2 (was {current})",
+                    lambda n=name: write_sysctl(root, n, "accept_ra", 2),
+                )
+            )
             solicit_on.append(name)
             state.saved_accept_ra.setdefault(name, current)
         if name not in state.uplinks:
@@ -532,8 +604,12 @@ def plan_enable(root: Path, uplinks: List[str], forwarding: bool, persist: bool,
     current_forwarding = read_sysctl(root, "all", "forwarding")
     if forwarding:
         if current_forwarding != 1:
-            steps.append((f"set net.ipv6.conf.all.forwarding=1 (was {current_forwarding})",
-                          lambda: write_sysctl(root, "all", "forwarding", 1)))
+            steps.append(
+                (
+                    f"set net.ipv6.conf.all.forwarding=1 (was {current_forwarding})",
+                    lambda: write_sysctl(root, "all", "forwarding", 1),
+                )
+            )
             solicit_on = list(kernel_uplinks)
             if state.saved_forwarding is None:
                 state.saved_forwarding = current_forwarding
@@ -553,8 +629,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _check_names(root, args.uplinks)
     with _lock(root, args.dry_run):
-        steps, _, snippets = plan_enable(root, uplinks, not args.no_forwarding,
-                                         not args.no_persist)
+        steps, _, snippets = plan_enable(
+            root, uplinks, not args.no_forwarding, not args.no_persist
+        )
         _run_steps(steps, args.dry_run)
     if not steps:
         print("nothing to change")
@@ -569,22 +646,39 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> List[Step]:
     state = previous or Persisted()
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
     remaining = [n for n in state.uplinks if n not in uplinks]
-    if persist and previous is not None and not remaining and state.saved_forwarding == 0 \
-            and read_sysctl(root, "all", "forwarding") == 1:
-        steps.append(("set net.ipv6.conf.all.forwarding=0 (enable turned it on)",
-                      lambda: write_sysctl(root, "all", "forwarding", 0)))
+    if (
+        persist
+        and previous is not None
+        and not remaining
+        and state.saved_forwarding == 0
+        and read_sysctl(root, "all", "forwarding") == 1
+    ):
+        steps.append(
+            (
+                "set net.ipv6.conf.all.forwarding=0 (enable turned it on)",
+                lambda: write_sysctl(root, "all", "forwarding", 0),
+            )
+        )
     for name in uplinks:
-        target = state.saved_accept_ra.get(name, default_accept_ra if default_accept_ra != 2
-                                           else 1)
+        target = state.saved_accept_ra.get(
+            name, default_accept_ra if default_accept_ra != 2 else 1
+        )
         current = read_sysctl(root, name, "accept_ra")
         if current != target:
-            steps.append((f"set {sysctl_key(name, 'accept_ra')}={target} (was {current})",
-                          lambda n=name, t=target: write_sysctl(root, n, "accept_ra", t)))
+            steps.append(
+                (
+                    f"set {sysctl_key(name, 'accept_ra')}={target} (was {current})",
+                    lambda n=name, t=target: write_sysctl(root, n, "accept_ra", t),
+                )
+            )
     if previous is not None:
         path = root / DROPIN
-        new = Persisted(remaining, previous.forwarding,
-                        {k: v for k, v in previous.saved_accept_ra.items() if k in remaining},
-                        previous.saved_forwarding)
+        new = Persisted(
+            remaining,
+            previous.forwarding,
+            {k: v for k, v in previous.saved_accept_ra.items() if k in remaining},
+            previous.saved_forwarding,
+        )
         if not remaining:
             steps.insert(0, (f"remove {path}", lambda: fsutil.remove_file(path)))
         elif new.render() != previous.render():
@@ -625,8 +719,11 @@ def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
         log.warning("ignored: %s", exc)
         return False
     if not wait_for_sysctl(root, ifname):
-        log.warning("%s has no IPv6 configuration (%s): left alone", ifname,
-                    sysctl_path(root, ifname, "accept_ra"))
+        log.warning(
+            "%s has no IPv6 configuration (%s): left alone",
+            ifname,
+            sysctl_path(root, ifname, "accept_ra"),
+        )
         return False
     owner = owners.detect(root, ifname)
     if owner.handles_ra_itself:
@@ -644,8 +741,20 @@ def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
         log.warning("%s", exc)
         return False
     print(f"{ifname}: set accept_ra=2 (was {current})", flush=True)
-    solicit(ifname)
+    if link_is_up(root, ifname):
+        solicit(ifname)
+    else:
+        log.info("%s is down: the kernel solicits by itself when it comes up", ifname)
     return True
+
+
+def link_is_up(root: Path, ifname: str) -> bool:
+    """IFF_UP from /sys/class/net/IFNAME/flags; unknown counts as up (then we try)."""
+    try:
+        flags = int((root / "sys/class/net" / ifname / "flags").read_text().strip(), 16)
+    except (OSError, ValueError):
+        return True
+    return bool(flags & 0x1)
 
 
 def udev_source(root: Path = Path("/")) -> str:
@@ -683,8 +792,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
         for text in snippets:
             log.warning("%s", text.rstrip())
     elif config.forwarding and read_sysctl(root, "all", "forwarding") != 1:
-        _run_steps([("set net.ipv6.conf.all.forwarding=1",
-                     lambda: write_sysctl(root, "all", "forwarding", 1))], args.dry_run)
+        _run_steps(
+            [
+                (
+                    "set net.ipv6.conf.all.forwarding=1",
+                    lambda: write_sysctl(root, "all", "forwarding", 1),
+                )
+            ],
+            args.dry_run,
+        )
     if args.once:
         return EXIT_OK
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
@@ -717,50 +833,78 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("status", help="report forwarding and RA state per interface",
-                       description="Report forwarding and RA state per interface and each "
-                                   "problem; exit 1 when there is one.")
+    p = sub.add_parser(
+        "status",
+        help="report forwarding and RA state per interface",
+        description="Report forwarding and RA state per interface and each "
+        "problem; exit 1 when there is one.",
+    )
     cli.add_verbosity(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("interfaces", nargs="*", metavar="IFACE", help="interfaces to report on")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("enable", help="accept RAs on the uplinks, then turn forwarding on",
-                       description="Set accept_ra=2 on each uplink, turn forwarding on, "
-                                   "solicit a router advertisement, persist in sysctl.d.")
+    p = sub.add_parser(
+        "enable",
+        help="accept RAs on the uplinks, then turn forwarding on",
+        description="Set accept_ra=2 on each uplink, turn forwarding on, "
+        "solicit a router advertisement, persist in sysctl.d.",
+    )
     cli.add_verbosity(p)
-    p.add_argument("--no-forwarding", action="store_true",
-                   help="only set accept_ra=2; leave forwarding as it is")
-    p.add_argument("--no-persist", action="store_true",
-                   help=f"change the running system only, not /{DROPIN}")
-    p.add_argument("-n", "--dry-run", action="store_true",
-                   help="print what would change and change nothing")
+    p.add_argument(
+        "--no-forwarding",
+        action="store_true",
+        help="only set accept_ra=2; leave forwarding as it is",
+    )
+    p.add_argument(
+        "--no-persist", action="store_true", help=f"change the running system only, not /{DROPIN}"
+    )
+    p.add_argument(
+        "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
+    )
     p.add_argument("uplinks", nargs="+", metavar="UPLINK", help="uplink interfaces")
     p.set_defaults(func=cmd_enable)
 
-    p = sub.add_parser("disable", help="undo what enable did",
-                       description="Restore accept_ra (and forwarding, if enable turned it "
-                                   "on) and remove the uplinks from the drop-in.")
+    p = sub.add_parser(
+        "disable",
+        help="undo what enable did",
+        description="Restore accept_ra (and forwarding, if enable turned it "
+        "on) and remove the uplinks from the drop-in.",
+    )
     cli.add_verbosity(p)
-    p.add_argument("--no-persist", action="store_true",
-                   help=f"change the running system only, not /{DROPIN}")
-    p.add_argument("-n", "--dry-run", action="store_true",
-                   help="print what would change and change nothing")
+    p.add_argument(
+        "--no-persist", action="store_true", help=f"change the running system only, not /{DROPIN}"
+    )
+    p.add_argument(
+        "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
+    )
     p.add_argument("uplinks", nargs="+", metavar="UPLINK", help="uplink interfaces")
     p.set_defaults(func=cmd_disable)
 
-    p = sub.add_parser("watch", help="configure matching uplinks as they appear",
-                       description="Apply the configured uplinks (names or globs) to existing "
-                                   "interfaces and to those that appear or are renamed later.")
+    p = sub.add_parser(
+        "watch",
+        help="configure matching uplinks as they appear",
+        description="Apply the configured uplinks (names or globs) to existing "
+        "interfaces and to those that appear or are renamed later.",
+    )
     cli.add_verbosity(p)
-    p.add_argument("--config", metavar="FILE",
-                   help=f"read UPLINKS and FORWARDING from FILE (default: /{DEFAULTS_FILE})")
-    p.add_argument("--uplink", action="append", metavar="PATTERN",
-                   help="an uplink name or glob, instead of UPLINKS (repeatable)")
-    p.add_argument("--once", action="store_true",
-                   help="configure the existing interfaces and exit")
-    p.add_argument("-n", "--dry-run", action="store_true",
-                   help="print what would change and change nothing")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"read UPLINKS and FORWARDING from FILE (default: /{DEFAULTS_FILE})",
+    )
+    p.add_argument(
+        "--uplink",
+        action="append",
+        metavar="PATTERN",
+        help="an uplink name or glob, instead of UPLINKS (repeatable)",
+    )
+    p.add_argument(
+        "--once", action="store_true", help="configure the existing interfaces and exit"
+    )
+    p.add_argument(
+        "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
+    )
     p.set_defaults(func=cmd_watch)
     return parser
 

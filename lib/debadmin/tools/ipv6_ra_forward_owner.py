@@ -21,13 +21,22 @@ NETWORKMANAGER = "NetworkManager"
 IFUPDOWN = "ifupdown"
 NOBODY = "none"
 
-NETWORKD_DIRS = ("etc/systemd/network", "run/systemd/network", "usr/local/lib/systemd/network",
-                 "usr/lib/systemd/network", "lib/systemd/network")
-NM_CONNECTION_DIRS = ("etc/NetworkManager/system-connections",
-                      "run/NetworkManager/system-connections")
-WANTS = ("etc/systemd/system/multi-user.target.wants",
-         "etc/systemd/system/network-online.target.wants",
-         "etc/systemd/system/sockets.target.wants")
+NETWORKD_DIRS = (
+    "etc/systemd/network",
+    "run/systemd/network",
+    "usr/local/lib/systemd/network",
+    "usr/lib/systemd/network",
+    "lib/systemd/network",
+)
+NM_CONNECTION_DIRS = (
+    "etc/NetworkManager/system-connections",
+    "run/NetworkManager/system-connections",
+)
+WANTS = (
+    "etc/systemd/system/multi-user.target.wants",
+    "etc/systemd/system/network-online.target.wants",
+    "etc/systemd/system/sockets.target.wants",
+)
 IFUPDOWN_STANZAS = ("iface", "mapping", "auto", "source", "source-directory", "rename")
 
 
@@ -36,8 +45,8 @@ class Owner:
     """The manager of one interface and what it was recognised by."""
 
     name: str = NOBODY
-    source: Optional[str] = None        # the file that says so
-    connection: Optional[str] = None    # NetworkManager connection id
+    source: Optional[str] = None  # the file that says so
+    connection: Optional[str] = None  # NetworkManager connection id
     inet6: Optional[Dict[str, str]] = None  # ifupdown: method and options of iface X inet6
     details: List[str] = field(default_factory=list)
 
@@ -57,8 +66,13 @@ def _read(path: Path) -> Optional[str]:
 
 
 def _ini(text: str) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",),
-                                       comment_prefixes=("#", ";"), empty_lines_in_values=False)
+    parser = configparser.ConfigParser(
+        strict=False,
+        interpolation=None,
+        delimiters=("=",),
+        comment_prefixes=("#", ";"),
+        empty_lines_in_values=False,
+    )
     parser.optionxform = str  # keys are case-sensitive in both networkd and NM files
     try:
         parser.read_string(text)
@@ -83,9 +97,11 @@ def _service_enabled(root: Path, unit: str) -> bool:
 
 
 def networkd_active(root: Path) -> bool:
-    return ((root / "run/systemd/netif/links").is_dir()
-            or _service_enabled(root, "systemd-networkd.service")
-            or _service_enabled(root, "systemd-networkd.socket"))
+    return (
+        (root / "run/systemd/netif/links").is_dir()
+        or _service_enabled(root, "systemd-networkd.service")
+        or _service_enabled(root, "systemd-networkd.socket")
+    )
 
 
 def _networkd_files(root: Path) -> List[Path]:
@@ -166,8 +182,9 @@ def networkd_accepts_ra(root: Path, path: Path) -> bool:
 
 
 def networkmanager_active(root: Path) -> bool:
-    return ((root / "run/NetworkManager").is_dir()
-            or _service_enabled(root, "NetworkManager.service"))
+    return (root / "run/NetworkManager").is_dir() or _service_enabled(
+        root, "NetworkManager.service"
+    )
 
 
 def nm_connection_for(root: Path, ifname: str) -> Optional[Dict[str, str]]:
@@ -223,8 +240,9 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[str]:
             continue
         if words[0] in ("source", "source-directory") and len(words) > 1:
             # Relative paths are relative to the directory of the current file.
-            target = (root / words[1].lstrip("/") if words[1].startswith("/")
-                      else path.parent / words[1])
+            target = (
+                root / words[1].lstrip("/") if words[1].startswith("/") else path.parent / words[1]
+            )
             if words[0] == "source":
                 for match in sorted(glob.glob(str(target))):
                     lines.extend(_ifupdown_lines(root, Path(match), seen))
@@ -271,9 +289,11 @@ def detect(root: Path, ifname: str) -> Owner:
     managed = nm_device_managed(root, index)
     if managed:
         conn = nm_connection_for(root, ifname)
-        return Owner(NETWORKMANAGER, conn["path"] if conn else
-                     str(root / "run/NetworkManager/devices" / str(index)),
-                     connection=conn["id"] if conn else None)
+        return Owner(
+            NETWORKMANAGER,
+            conn["path"] if conn else str(root / "run/NetworkManager/devices" / str(index)),
+            connection=conn["id"] if conn else None,
+        )
     if networkd_active(root) and state is None:
         path = networkd_file_for(root, ifname)
         if path is not None:
@@ -284,6 +304,7 @@ def detect(root: Path, ifname: str) -> Owner:
             return Owner(NETWORKMANAGER, conn["path"], connection=conn["id"])
     stanzas = ifupdown_stanzas(root)
     if (ifname, "inet6") in stanzas or (ifname, "inet") in stanzas:
-        return Owner(IFUPDOWN, str(root / "etc/network/interfaces"),
-                     inet6=stanzas.get((ifname, "inet6")))
+        return Owner(
+            IFUPDOWN, str(root / "etc/network/interfaces"), inet6=stanzas.get((ifname, "inet6"))
+        )
     return Owner()

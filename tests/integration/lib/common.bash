@@ -52,7 +52,8 @@ ct_boot() {
         --link-journal=no "$@" >"$CT_LOG" 2>&1 &
     CT_NSPAWN_PID=$!
     for _ in $(seq 1 120); do
-        CT_PID=$(pgrep -P "$CT_NSPAWN_PID" | head -n1 || true)
+        # Only the container's init: nspawn's short-lived intermediate child is a child too.
+        CT_PID=$(pgrep -x -P "$CT_NSPAWN_PID" systemd | head -n1 || true)
         [ -n "$CT_PID" ] && break
         sleep 0.5
     done
