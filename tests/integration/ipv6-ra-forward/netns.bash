@@ -71,6 +71,8 @@ RADVD
 
 # ra_route NS IFACE: the RA-learned default route of IFACE, if any.
 ra_route() { ip -n "$1" -6 route show default dev "$2" proto ra 2>/dev/null; }
+# has_ra_route NS IFACE: true when there is one (ip itself exits 0 on an empty list).
+has_ra_route() { [ -n "$(ra_route "$1" "$2")" ]; }
 slaac_addr() { ip -n "$1" -6 addr show dev "$2" scope global dynamic 2>/dev/null | grep -o 'inet6 [^ ]*'; }
 
 # wait_until SECONDS CMD...: poll CMD every 0.1 s; true as soon as it succeeds.
