@@ -405,10 +405,33 @@ def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "/etc/systemd/network/10-uplink.network.d/ipv6-ra-forward.conf" in out
     assert "[Network]\nIPv6AcceptRA=yes\n" in out
+    assert "IPv6 forwarding left off" in out
     assert sysctl(root, "enp1s0", "accept_ra") == 0  # networkd's, untouched
-    assert sysctl(root, "lan0", "accept_ra") == 2 and sysctl(root, "all", "forwarding") == 1
-    assert raf.parse_dropin((root / raf.DROPIN).read_text()).uplinks == ["lan0"]
+    assert sysctl(root, "lan0", "accept_ra") == 2
+    assert sysctl(root, "all", "forwarding") == 0  # it would cost enp1s0 its route
+    assert raf.parse_dropin((root / raf.DROPIN).read_text()) == raf.Persisted(
+        ["lan0"], False, {"lan0": 1}, None
+    )
     assert sent == ["lan0"]
+    # The admin applies the printed drop-in: now forwarding goes on.
+    dropin = root / "etc/systemd/network/10-uplink.network.d"
+    dropin.mkdir()
+    (dropin / "ipv6-ra-forward.conf").write_text("[Network]\nIPv6AcceptRA=yes\n")
+    assert raf.main(["enable", "enp1s0", "lan0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1
+    assert sysctl(root, "enp1s0", "accept_ra") == 0
+    assert raf.main(["disable", "enp1s0", "lan0"]) == 0
+    assert sysctl(root, "enp1s0", "accept_ra") == 0 and sysctl(root, "lan0", "accept_ra") == 1
+
+
+def test_status_networkmanager_method(tmp_path):
+    root = make_root(tmp_path, {"enp1s0": (1, 0)}, forwarding=1, fixture="nm")
+    report = raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)
+    assert [p["kind"] for p in report["problems"]] == ["networkmanager-ra"]
+    assert "ipv6.method ignore" in report["problems"][0]["message"]
+    keyfile = root / "etc/NetworkManager/system-connections/Uplink one.nmconnection"
+    keyfile.write_text(keyfile.read_text().replace("method=ignore", "method=auto"))
+    assert raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)["ok"]
 
 
 # --- watch ----------------------------------------------------------------------------------

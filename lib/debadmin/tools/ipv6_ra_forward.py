@@ -307,6 +307,18 @@ def snippet(owner: owners.Owner, ifname: str) -> str:
     return ""
 
 
+def manager_keeps_ra(root: Path, owner: owners.Owner) -> bool:
+    """Whether networkd or NetworkManager already keeps accepting RAs with forwarding on."""
+    if owner.name == owners.NETWORKD:
+        source = owner.source or ""
+        path = Path(source) if source.startswith(str(root)) else root / source.lstrip("/")
+        return source.endswith(".network") and owners.networkd_accepts_ra(root, path)
+    if owner.name == owners.NETWORKMANAGER:
+        # NetworkManager runs its own RA client; only its ipv6.method decides.
+        return owner.ipv6_method == "auto"
+    return False
+
+
 def ifupdown_conflicts(owner: owners.Owner) -> bool:
     """ifupdown would write an accept_ra other than 2 at the next ifup."""
     if owner.name != owners.IFUPDOWN or owner.inet6 is None:
@@ -429,19 +441,20 @@ def collect_status(
             problems.append({"interface": name, "kind": kind, "message": message})
 
         if owner.handles_ra_itself:
-            if (
-                owner.name == owners.NETWORKD
-                and global_forwarding
-                and owner.source
-                and owner.source.endswith(".network")
-                and not owners.networkd_accepts_ra(root, Path(owner.source))
-            ):
-                problem(
-                    "networkd-ra",
-                    f"forwarding is on and systemd-networkd manages {name} "
-                    f"without IPv6AcceptRA=yes in {owner.source}: it ignores router "
-                    f"advertisements",
-                )
+            if global_forwarding and not manager_keeps_ra(root, owner):
+                if owner.name == owners.NETWORKD:
+                    problem(
+                        "networkd-ra",
+                        f"forwarding is on and systemd-networkd manages {name} without "
+                        f"IPv6AcceptRA=yes ({owner.source}): it ignores router advertisements",
+                    )
+                else:
+                    problem(
+                        "networkmanager-ra",
+                        f"NetworkManager manages {name} with ipv6.method "
+                        f"{owner.ipv6_method or 'unknown'} ({owner.source}), not auto: "
+                        f"it does not learn the uplink from router advertisements",
+                    )
             continue
         if forwarding and accept_ra == 1:
             if routes.get(name):
@@ -581,10 +594,13 @@ def plan_enable(
         list(state.uplinks), state.forwarding, dict(state.saved_accept_ra), state.saved_forwarding
     )
     kernel_uplinks = []
+    blocked = False
     for name in uplinks:
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
-            snippets.append(snippet(owner, name))
+            if not manager_keeps_ra(root, owner):
+                snippets.append(snippet(owner, name))
+                blocked = True
             continue
         if ifupdown_conflicts(owner):
             snippets.append(snippet(owner, name))
@@ -602,7 +618,13 @@ def plan_enable(
         if name not in state.uplinks:
             state.uplinks.append(name)
     current_forwarding = read_sysctl(root, "all", "forwarding")
-    if forwarding:
+    if forwarding and blocked and current_forwarding != 1:
+        # Forwarding now would cost those uplinks their route: the manager comes first.
+        snippets.append(
+            "# IPv6 forwarding left off: apply the configuration above, then run\n"
+            f"# ipv6-ra-forward enable {' '.join(uplinks)}\n"
+        )
+    elif forwarding:
         if current_forwarding != 1:
             steps.append(
                 (
@@ -660,6 +682,9 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> List[Step]:
             )
         )
     for name in uplinks:
+        if name not in state.saved_accept_ra and owners.detect(root, name).handles_ra_itself:
+            log.info("%s is managed by its network manager: accept_ra left alone", name)
+            continue
         target = state.saved_accept_ra.get(
             name, default_accept_ra if default_accept_ra != 2 else 1
         )

@@ -8,7 +8,7 @@ import configparser
 import fnmatch
 import glob
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -48,7 +48,7 @@ class Owner:
     source: Optional[str] = None  # the file that says so
     connection: Optional[str] = None  # NetworkManager connection id
     inet6: Optional[Dict[str, str]] = None  # ifupdown: method and options of iface X inet6
-    details: List[str] = field(default_factory=list)
+    ipv6_method: Optional[str] = None  # NetworkManager: ipv6.method of that connection
 
     @property
     def handles_ra_itself(self) -> bool:
@@ -293,6 +293,7 @@ def detect(root: Path, ifname: str) -> Owner:
             NETWORKMANAGER,
             conn["path"] if conn else str(root / "run/NetworkManager/devices" / str(index)),
             connection=conn["id"] if conn else None,
+            ipv6_method=conn["method"] if conn else None,
         )
     if networkd_active(root) and state is None:
         path = networkd_file_for(root, ifname)
@@ -301,7 +302,9 @@ def detect(root: Path, ifname: str) -> Owner:
     if networkmanager_active(root) and managed is None:
         conn = nm_connection_for(root, ifname)
         if conn is not None:
-            return Owner(NETWORKMANAGER, conn["path"], connection=conn["id"])
+            return Owner(
+                NETWORKMANAGER, conn["path"], connection=conn["id"], ipv6_method=conn["method"]
+            )
     stanzas = ifupdown_stanzas(root)
     if (ifname, "inet6") in stanzas or (ifname, "inet") in stanzas:
         return Owner(
