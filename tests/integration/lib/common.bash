@@ -35,6 +35,7 @@ ct_make_root() {
     mmdebstrap --quiet --variant=minbase \
         --include="systemd,systemd-sysv,dbus,$pkgs" \
         --customize-hook='echo debadmin-test > "$1/etc/hostname"' \
+        --customize-hook='od -An -N16 -tx1 /dev/urandom | tr -d " \n" > "$1/etc/machine-id"; echo >> "$1/etc/machine-id"' \
         "$@" "$release" "$dir" "$(mirror_for "$release")" ||
         fail "mmdebstrap $release failed"
 }
@@ -52,8 +53,7 @@ ct_boot() {
         --link-journal=no "$@" >"$CT_LOG" 2>&1 &
     CT_NSPAWN_PID=$!
     for _ in $(seq 1 120); do
-        # Only the container's init: nspawn's short-lived intermediate child is a child too.
-        CT_PID=$(pgrep -x -P "$CT_NSPAWN_PID" systemd | head -n1 || true)
+        CT_PID=$(ct_init_pid "$CT_NSPAWN_PID")
         [ -n "$CT_PID" ] && break
         sleep 0.5
     done
@@ -67,12 +67,26 @@ ct_boot() {
     fail "container did not finish booting (state: $state)"
 }
 
+# ct_init_pid NSPAWN_PID: the container's init, the descendant that is PID 1 in its
+# own PID namespace (nspawn's direct child is a short-lived helper).
+ct_init_pid() {
+    local p
+    for p in $(pgrep -P "$1") $(pgrep -P "$(pgrep -d, -P "$1")" 2>/dev/null); do
+        if [ "$(awk '/^NSpid:/ {print $NF}' "/proc/$p/status" 2>/dev/null)" = 1 ] &&
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = systemd ]; then
+            echo "$p"
+            return 0
+        fi
+    done
+}
+
 # ct CMD...: run a command inside the booted container.
 ct() { nsenter --target "$CT_PID" --all --wdns=/ -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 "$@"; }
 
 ct_stop() {
     [ -n "$CT_NSPAWN_PID" ] || return 0
-    kill -TERM "$CT_NSPAWN_PID" 2>/dev/null || true
+    # SIGRTMIN+4 asks systemd for a clean poweroff; nspawn exits when it is done.
+    if [ -n "$CT_PID" ]; then kill -s RTMIN+4 "$CT_PID" 2>/dev/null || true; fi
     for _ in $(seq 1 60); do
         kill -0 "$CT_NSPAWN_PID" 2>/dev/null || break
         sleep 0.5
@@ -80,4 +94,16 @@ ct_stop() {
     kill -KILL "$CT_NSPAWN_PID" 2>/dev/null || true
     wait "$CT_NSPAWN_PID" 2>/dev/null || true
     CT_NSPAWN_PID="" CT_PID=""
+}
+
+# ct_debs DEBS_DIR PKG...: the in-container paths (/debs/...) of the built PKG .debs,
+# for a container booted with --bind-ro=DEBS_DIR:/debs.
+ct_debs() {
+    local dir=$1 pkg f
+    shift
+    for pkg in "$@"; do
+        f=$(ls "$dir/${pkg}"_*_all.deb 2>/dev/null | head -n1)
+        [ -n "$f" ] || fail "no built package $pkg in $dir"
+        echo "/debs/$(basename "$f")"
+    done
 }
