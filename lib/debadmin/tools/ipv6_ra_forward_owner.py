@@ -1,0 +1,313 @@
+"""Who manages a network interface: systemd-networkd, NetworkManager, ifupdown or nobody.
+
+Read from their configuration and state files under a root directory, never by asking a
+running daemon, so that the same code works on fixture trees and on a mounted image.
+"""
+
+import configparser
+import fnmatch
+import glob
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from debadmin.errors import Error
+
+log = logging.getLogger("debadmin")
+
+NETWORKD = "systemd-networkd"
+NETWORKMANAGER = "NetworkManager"
+IFUPDOWN = "ifupdown"
+NOBODY = "none"
+
+NETWORKD_DIRS = (
+    "etc/systemd/network",
+    "run/systemd/network",
+    "usr/local/lib/systemd/network",
+    "usr/lib/systemd/network",
+    "lib/systemd/network",
+)
+NM_CONNECTION_DIRS = (
+    "etc/NetworkManager/system-connections",
+    "run/NetworkManager/system-connections",
+)
+WANTS = (
+    "etc/systemd/system/multi-user.target.wants",
+    "etc/systemd/system/network-online.target.wants",
+    "etc/systemd/system/sockets.target.wants",
+)
+IFUPDOWN_STANZAS = ("iface", "mapping", "auto", "source", "source-directory", "rename")
+
+
+@dataclass
+class Owner:
+    """The manager of one interface and what it was recognised by."""
+
+    name: str = NOBODY
+    source: Optional[str] = None  # the file that says so
+    connection: Optional[str] = None  # NetworkManager connection id
+    inet6: Optional[Dict[str, str]] = None  # ifupdown: method and options of iface X inet6
+    ipv6_method: Optional[str] = None  # NetworkManager: ipv6.method of that connection
+
+    @property
+    def handles_ra_itself(self) -> bool:
+        """networkd and NetworkManager process RAs in user space and own accept_ra."""
+        return self.name in (NETWORKD, NETWORKMANAGER)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _ini(text: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(
+        strict=False,
+        interpolation=None,
+        delimiters=("=",),
+        comment_prefixes=("#", ";"),
+        empty_lines_in_values=False,
+    )
+    parser.optionxform = str  # keys are case-sensitive in both networkd and NM files
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return configparser.ConfigParser()
+    return parser
+
+
+def ifindex(root: Path, ifname: str) -> Optional[int]:
+    text = _read(root / "sys/class/net" / ifname / "ifindex")
+    try:
+        return int(text.strip()) if text else None
+    except ValueError:
+        return None
+
+
+def _service_enabled(root: Path, unit: str) -> bool:
+    return any((root / wants / unit).exists() for wants in WANTS)
+
+
+# --- systemd-networkd ---------------------------------------------------------------------
+
+
+def networkd_active(root: Path) -> bool:
+    return (
+        (root / "run/systemd/netif/links").is_dir()
+        or _service_enabled(root, "systemd-networkd.service")
+        or _service_enabled(root, "systemd-networkd.socket")
+    )
+
+
+def _networkd_files(root: Path) -> List[Path]:
+    """.network files in systemd's search order: an earlier directory masks a same-named file."""
+    found: Dict[str, Path] = {}
+    for base in NETWORKD_DIRS:
+        directory = root / base
+        try:
+            entries = list(directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise Error(f"cannot read {directory}: {exc.strerror}") from None
+        for entry in entries:
+            if entry.name.endswith(".network") and entry.name not in found:
+                found[entry.name] = entry
+    return [found[name] for name in sorted(found)]
+
+
+def networkd_name_matches(patterns: str, ifname: str) -> bool:
+    """systemd's Name= match: globs separated by spaces, a leading ! inverts the list."""
+    words = patterns.split()
+    if not words:
+        return False
+    invert = words[0].startswith("!")
+    if invert:
+        words[0] = words[0][1:]
+        words = [w for w in words if w]
+    hit = any(fnmatch.fnmatchcase(ifname, w) for w in words)
+    return hit != invert
+
+
+def networkd_file_for(root: Path, ifname: str) -> Optional[Path]:
+    """The first .network file whose [Match] Name= matches ifname (other keys unevaluated)."""
+    for path in _networkd_files(root):
+        parser = _ini(_read(path) or "")
+        if not parser.has_section("Match"):
+            continue
+        names = parser.get("Match", "Name", fallback=None)
+        if names is not None and networkd_name_matches(names, ifname):
+            return path
+    return None
+
+
+def networkd_state(root: Path, index: Optional[int]) -> Optional[Dict[str, str]]:
+    """systemd-networkd's runtime state of a link (/run/systemd/netif/links/IFINDEX)."""
+    if index is None:
+        return None
+    text = _read(root / "run/systemd/netif/links" / str(index))
+    if text is None:
+        return None
+    state = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            state[key.strip()] = value.strip()
+    return state
+
+
+def networkd_accepts_ra(root: Path, path: Path) -> bool:
+    """Whether a .network file or its drop-ins say IPv6AcceptRA=yes explicitly."""
+    files = [path]
+    for base in NETWORKD_DIRS:
+        directory = root / base / (path.name + ".d")
+        try:
+            files.extend(sorted(p for p in directory.iterdir() if p.name.endswith(".conf")))
+        except OSError:
+            continue
+    value = None
+    for file in files:
+        parser = _ini(_read(file) or "")
+        if parser.has_option("Network", "IPv6AcceptRA"):
+            value = parser.get("Network", "IPv6AcceptRA").strip().lower()
+    return value in ("yes", "true", "1", "on")
+
+
+# --- NetworkManager -----------------------------------------------------------------------
+
+
+def networkmanager_active(root: Path) -> bool:
+    return (root / "run/NetworkManager").is_dir() or _service_enabled(
+        root, "NetworkManager.service"
+    )
+
+
+def nm_connection_for(root: Path, ifname: str) -> Optional[Dict[str, str]]:
+    """The NetworkManager keyfile bound to ifname: {'id': ..., 'path': ..., 'method': ...}."""
+    for base in NM_CONNECTION_DIRS:
+        directory = root / base
+        try:
+            entries = sorted(directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise Error(f"cannot read {directory}: {exc.strerror}") from None
+        for entry in entries:
+            if not entry.name.endswith(".nmconnection"):
+                continue
+            parser = _ini(_read(entry) or "")
+            if parser.get("connection", "interface-name", fallback=None) == ifname:
+                return {
+                    "id": parser.get("connection", "id", fallback=entry.name[:-13]),
+                    "path": str(entry),
+                    "method": parser.get("ipv6", "method", fallback="auto"),
+                }
+    return None
+
+
+def nm_device_managed(root: Path, index: Optional[int]) -> Optional[bool]:
+    """NetworkManager's runtime view of a device (/run/NetworkManager/devices/IFINDEX)."""
+    if index is None:
+        return None
+    text = _read(root / "run/NetworkManager/devices" / str(index))
+    if text is None:
+        return None
+    value = _ini(text).get("device", "managed", fallback="false").strip().lower()
+    return value in ("true", "yes", "1")
+
+
+# --- ifupdown -----------------------------------------------------------------------------
+
+
+def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[str]:
+    """The lines of /etc/network/interfaces with source and source-directory expanded."""
+    if path in seen:
+        return []
+    seen.add(path)
+    text = _read(path)
+    if text is None:
+        return []
+    lines: List[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        words = line.split()
+        if not words or line.startswith("#"):  # ifupdown: comments start a line only
+            continue
+        if words[0] in ("source", "source-directory") and len(words) > 1:
+            # Relative paths are relative to the directory of the current file.
+            target = (
+                root / words[1].lstrip("/") if words[1].startswith("/") else path.parent / words[1]
+            )
+            if words[0] == "source":
+                for match in sorted(glob.glob(str(target))):
+                    lines.extend(_ifupdown_lines(root, Path(match), seen))
+                continue
+            try:
+                names = sorted(p.name for p in target.iterdir())
+            except OSError:
+                names = []
+            for name in names:
+                # run-parts' rule: only names made of letters, digits, _ and -
+                if all(c.isalnum() or c in "_-" for c in name):
+                    lines.extend(_ifupdown_lines(root, target / name, seen))
+        else:
+            lines.append(line)
+    return lines
+
+
+def ifupdown_stanzas(root: Path) -> Dict[tuple, Dict[str, str]]:
+    """(ifname, family) -> {'method': ..., option: value} from /etc/network/interfaces."""
+    stanzas: Dict[tuple, Dict[str, str]] = {}
+    current: Optional[Dict[str, str]] = None
+    for line in _ifupdown_lines(root, root / "etc/network/interfaces", set()):
+        words = line.split()
+        if words[0] == "iface" and len(words) >= 4:
+            current = stanzas.setdefault((words[1], words[2]), {})
+            current["method"] = words[3]
+        elif words[0] in IFUPDOWN_STANZAS or words[0].startswith("allow-"):
+            current = None
+        elif current is not None:
+            current[words[0]] = " ".join(words[1:])
+    return stanzas
+
+
+# --- all together ---------------------------------------------------------------------------
+
+
+def detect(root: Path, ifname: str) -> Owner:
+    """Who manages ifname; runtime state first, then configuration."""
+    index = ifindex(root, ifname)
+    state = networkd_state(root, index)
+    if state and state.get("ADMIN_STATE", "unmanaged") != "unmanaged":
+        source = state.get("NETWORK_FILE") or str(root / "run/systemd/netif/links" / str(index))
+        return Owner(NETWORKD, source)
+    managed = nm_device_managed(root, index)
+    if managed:
+        conn = nm_connection_for(root, ifname)
+        return Owner(
+            NETWORKMANAGER,
+            conn["path"] if conn else str(root / "run/NetworkManager/devices" / str(index)),
+            connection=conn["id"] if conn else None,
+            ipv6_method=conn["method"] if conn else None,
+        )
+    if networkd_active(root) and state is None:
+        path = networkd_file_for(root, ifname)
+        if path is not None:
+            return Owner(NETWORKD, str(path))
+    if networkmanager_active(root) and managed is None:
+        conn = nm_connection_for(root, ifname)
+        if conn is not None:
+            return Owner(
+                NETWORKMANAGER, conn["path"], connection=conn["id"], ipv6_method=conn["method"]
+            )
+    stanzas = ifupdown_stanzas(root)
+    if (ifname, "inet6") in stanzas or (ifname, "inet") in stanzas:
+        return Owner(
+            IFUPDOWN, str(root / "etc/network/interfaces"), inet6=stanzas.get((ifname, "inet6"))
+        )
+    return Owner()

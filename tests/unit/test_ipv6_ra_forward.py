@@ -1,0 +1,483 @@
+"""Unit tests for ipv6-ra-forward: names, the drop-in, status, enable/disable order, owners."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from debadmin.errors import Error
+from debadmin.tools import ipv6_ra_forward as raf
+from debadmin.tools import ipv6_ra_forward_owner as owners
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "ipv6-ra-forward"
+
+
+class FixtureRoot(type(Path())):
+    """A path that can carry the solicitations recorded by the host fixture."""
+
+
+def make_root(tmp_path, interfaces=None, forwarding=0, default_accept_ra=1, fixture=None):
+    """A tree with a fake /proc/sys/net/ipv6/conf: {name: (forwarding, accept_ra)}."""
+    root = tmp_path / "root"
+    if fixture:
+        shutil.copytree(DATA / fixture, root)
+    conf = root / raf.CONF_DIR
+    values = {"all": (forwarding, 1), "default": (forwarding, default_accept_ra)}
+    values.update(interfaces if interfaces is not None else {"eth0": (forwarding, 1)})
+    for name, (fwd, accept_ra) in values.items():
+        (conf / name).mkdir(parents=True, exist_ok=True)
+        (conf / name / "forwarding").write_text(f"{fwd}\n")
+        (conf / name / "accept_ra").write_text(f"{accept_ra}\n")
+    (root / "etc/sysctl.d").mkdir(parents=True, exist_ok=True)
+    (root / "run/lock").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def sysctl(root, name, key):
+    return int((root / raf.CONF_DIR / name / key).read_text())
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """ROOT pointed at a fixture tree; solicitations recorded, not sent."""
+    root = make_root(tmp_path, {"eth0": (0, 1), "eth0.100": (0, 1), "lan0": (0, 1)})
+    root = FixtureRoot(root)
+    monkeypatch.setattr(raf, "ROOT", root)
+    sent = []
+    monkeypatch.setattr(raf, "solicit", lambda name: sent.append(name) or True)
+    root.sent = sent
+    return root
+
+
+# --- names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["eth0", "eth0.100", "enp1s0f1", "wan_1", "br-lan", "a", "x" * 15, "veth@1", "ab"]
+)
+def test_good_names(name):
+    assert raf.validate_ifname(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "x" * 16,
+        ".",
+        "..",
+        "eth0/1",
+        "a b",
+        "a\tb",
+        "a\nb",
+        "-rf",
+        ".hidden",
+        "a;b",
+        "$(id)",
+        "`id`",
+        "a:1",
+        "all",
+        "default",
+        "ethé0",
+        "é" * 8,
+        "a|b",
+        "a'b",
+        "*",
+    ],
+)
+def test_bad_names(name):
+    with pytest.raises(Error, match="invalid interface name"):
+        raf.validate_ifname(name)
+
+
+@pytest.mark.parametrize(
+    "pattern,ok",
+    [
+        ("en*", True),
+        ("eth[01]", True),
+        ("wan?", True),
+        ("eth0.100", True),
+        ("en* x", False),
+        ("$(id)*", False),
+        ("all", False),
+        ("../*", False),
+        ("a/b", False),
+    ],
+)
+def test_patterns(pattern, ok):
+    if ok:
+        assert raf.validate_pattern(pattern) == pattern
+    else:
+        with pytest.raises(Error):
+            raf.validate_pattern(pattern)
+
+
+def test_sysctl_key_swaps_dots():
+    assert raf.sysctl_key("eth0.100", "accept_ra") == "net.ipv6.conf.eth0/100.accept_ra"
+    assert raf.parse_sysctl_key("net.ipv6.conf.eth0/100.accept_ra") == ("eth0.100", "accept_ra")
+    with pytest.raises(ValueError):
+        raf.parse_sysctl_key("net.ipv4.ip_forward")
+
+
+# --- the drop-in ----------------------------------------------------------------------------
+
+
+def test_dropin_round_trip_and_order():
+    state = raf.Persisted(["wan0", "eth0.100"], True, {"eth0.100": 1, "wan0": 0}, 0)
+    text = state.render()
+    keys = [line.split(" = ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert keys == [
+        "net.ipv6.conf.eth0/100.accept_ra",
+        "net.ipv6.conf.wan0.accept_ra",
+        "net.ipv6.conf.all.forwarding",
+    ]
+    assert raf.parse_dropin(text) == raf.Persisted(
+        ["eth0.100", "wan0"], True, {"eth0.100": 1, "wan0": 0}, 0
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "net.ipv4.ip_forward = 1",
+        "net.ipv6.conf.eth0.accept_ra = 1",
+        "net.ipv6.conf.all.forwarding = 0",
+        "garbage",
+        "net.ipv6.conf.a;b.accept_ra = 2",
+    ],
+)
+def test_dropin_refuses_foreign_lines(line):
+    with pytest.raises(Error, match="not a line ipv6-ra-forward wrote"):
+        raf.parse_dropin(f"# comment\n{line}\n")
+
+
+def test_enable_refuses_a_foreign_dropin(host, capsys):
+    path = host / raf.DROPIN
+    shutil.copy(DATA / "dropin-foreign.conf", path)
+    before = path.read_text()
+    assert raf.main(["enable", "eth0"]) == 2
+    assert "dropin-foreign" not in capsys.readouterr().err
+    assert path.read_text() == before
+    assert sysctl(host, "eth0", "accept_ra") == 1 and sysctl(host, "all", "forwarding") == 0
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+def test_read_config(tmp_path):
+    path = tmp_path / "conf"
+    assert raf.read_config(tmp_path, path) == raf.Config([], True)
+    path.write_text('# c\nUPLINKS="en* wan0"  # trailing\nFORWARDING=no\n')
+    assert raf.read_config(tmp_path, path) == raf.Config(["en*", "wan0"], False)
+    for bad in (
+        'UPLINKS="en*\n',
+        "UPLINKS='$(reboot)'\n",
+        "FORWARDING=maybe\n",
+        "OTHER=1\n",
+        "UPLINKS=a/b\n",
+    ):
+        path.write_text(bad)
+        with pytest.raises(Error):
+            raf.read_config(tmp_path, path)
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def ip_fixtures():
+    return (
+        json.loads((DATA / "ip-addr.json").read_text()),
+        json.loads((DATA / "ip-route.json").read_text()),
+    )
+
+
+def test_ra_addresses_and_routes():
+    addr, route = ip_fixtures()
+    assert raf.ra_addresses(addr) == {
+        "up0": ["2001:db8:1:0:acae:2aff:fed7:5d0c/64"],
+        "eth0.100": ["2001:db8:2::5/64"],
+    }
+    routes = raf.ra_routes(route)
+    assert routes["up0"] == [
+        {"gateway": "fe80::9065:2fff:fe35:71d8", "metric": 1024, "expires": 1798}
+    ]
+    assert [r["gateway"] for r in routes["eth0.100"]] == ["fe80::1", "fe80::2"]
+
+
+def test_status_explains_the_problem(tmp_path):
+    root = make_root(
+        tmp_path,
+        {
+            "up0": (1, 1),
+            "eth0.100": (1, 2),
+            "lo": (1, 1),
+            "virbr0": (1, 0),
+            "wan1": (1, 1),
+            "vnet3": (1, 1),
+        },
+        forwarding=1,
+    )
+    addr, route = ip_fixtures()
+    neigh = json.loads((DATA / "ip-neigh.json").read_text())
+    report = raf.collect_status(root, [], addr, route, neigh, raf.Config(), None)
+    assert not report["ok"] and report["forwarding"]
+    messages = {p["interface"]: p["message"] for p in report["problems"]}
+    assert messages["up0"] == (
+        "forwarding is on and up0 has accept_ra=1: its RA default " "route will be dropped"
+    )
+    assert "will be lost" not in messages["eth0.100"]
+    assert "neither" in messages["eth0.100"]  # accept_ra=2 only at runtime
+    assert "virbr0" not in messages and "lo" not in messages  # not uplinks
+    assert "vnet3" not in messages  # a plain neighbour, no router
+    # No route, no address left, but the router's neighbour entry says it is an uplink.
+    assert messages["wan1"] == (
+        "forwarding is on and wan1 has accept_ra=1: router "
+        "advertisements are ignored, it has no RA default route"
+    )
+    up0 = [i for i in report["interfaces"] if i["name"] == "up0"][0]
+    assert up0["accepts_ra"] is False and up0["uplink"] and up0["managed_by"] == "none"
+    persisted = raf.Persisted(["eth0.100"], True)
+    report = raf.collect_status(root, ["eth0.100"], addr, route, [], raf.Config(), persisted)
+    assert report["ok"] and report["interfaces"][0]["persisted"]
+
+
+def test_status_cli_json(host, monkeypatch, capsys):
+    addr, route = ip_fixtures()
+    monkeypatch.setattr(
+        raf, "ip_json", lambda argv: addr if "addr" in argv else route if "route" in argv else []
+    )
+    (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
+    assert raf.main(["status", "--json", "eth0"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["problems"][0]["kind"] == "ra-ignored"
+    assert raf.main(["status", "nosuch0"]) == 2
+    assert "no IPv6 interface nosuch0" in capsys.readouterr().err
+
+
+# --- enable and disable ---------------------------------------------------------------------
+
+
+def test_enable_order_persist_and_idempotence(host, capsys, monkeypatch):
+    order = []
+    real_write = raf.write_sysctl
+    monkeypatch.setattr(
+        raf,
+        "write_sysctl",
+        lambda root, n, k, v: order.append((n, k, v)) or real_write(root, n, k, v),
+    )
+    monkeypatch.setattr(raf, "solicit", lambda name: order.append(("solicit", name)))
+    assert raf.main(["enable", "eth0.100", "eth0"]) == 0
+    assert order == [
+        ("eth0.100", "accept_ra", 2),
+        ("eth0", "accept_ra", 2),
+        ("all", "forwarding", 1),
+        ("solicit", "eth0.100"),
+        ("solicit", "eth0"),
+    ]
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("done: write ")  # the file first: /etc read-only
+    text = (host / raf.DROPIN).read_text()
+    assert "net.ipv6.conf.eth0/100.accept_ra = 2\n" in text
+    assert text.index("accept_ra = 2") < text.index("all.forwarding = 1")
+    assert "# saved: all forwarding=0\n" in text and "# saved: eth0 accept_ra=1\n" in text
+    assert sysctl(host, "lan0", "accept_ra") == 1
+    assert not list((host / "etc/sysctl.d").glob(".*tmp"))
+    order.clear()
+    assert raf.main(["enable", "eth0"]) == 0
+    assert capsys.readouterr().out == "nothing to change\n" and order == []
+
+
+def test_enable_dry_run_changes_nothing(host, capsys):
+    assert raf.main(["enable", "--dry-run", "eth0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:] == [
+        "would set net.ipv6.conf.eth0.accept_ra=2 (was 1)",
+        "would set net.ipv6.conf.all.forwarding=1 (was 0)",
+        "would send a router solicitation on eth0",
+    ]
+    assert not (host / raf.DROPIN).exists() and host.sent == []
+    assert sysctl(host, "eth0", "accept_ra") == 1
+
+
+def test_enable_no_forwarding_no_persist(host):
+    assert raf.main(["enable", "--no-forwarding", "--no-persist", "eth0"]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 2 and sysctl(host, "all", "forwarding") == 0
+    assert not (host / raf.DROPIN).exists() and host.sent == ["eth0"]
+
+
+@pytest.mark.parametrize("bad", ["eth0;reboot", "$(reboot)", "-x", "nosuch0", "a/b", "x" * 16])
+def test_enable_refuses_before_anything(host, capsys, bad):
+    assert raf.main(["enable", "--", "eth0", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ipv6-ra-forward: error: ")
+    assert sysctl(host, "eth0", "accept_ra") == 1 and sysctl(host, "all", "forwarding") == 0
+    assert not (host / raf.DROPIN).exists() and host.sent == []
+
+
+def test_enable_fails_cleanly_on_read_only_etc(host, capsys):
+    (host / "etc/sysctl.d").rmdir()
+    assert raf.main(["enable", "eth0"]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert sysctl(host, "eth0", "accept_ra") == 1 and sysctl(host, "all", "forwarding") == 0
+
+
+def test_disable_restores(host, capsys):
+    (host / raf.CONF_DIR / "eth0/accept_ra").write_text("0\n")
+    assert raf.main(["enable", "eth0", "eth0.100"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 0  # the saved value
+    assert sysctl(host, "all", "forwarding") == 1  # eth0.100 still needs it
+    assert raf.parse_dropin((host / raf.DROPIN).read_text()).uplinks == ["eth0.100"]
+    assert raf.main(["disable", "eth0.100"]) == 0
+    assert sysctl(host, "eth0.100", "accept_ra") == 1
+    assert sysctl(host, "all", "forwarding") == 0  # enable had turned it on
+    assert not (host / raf.DROPIN).exists()
+    capsys.readouterr()
+    assert raf.main(["disable", "eth0.100"]) == 0
+    assert capsys.readouterr().out == "nothing to change\n"
+
+
+def test_disable_leaves_forwarding_it_found_on(host):
+    (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(host, "all", "forwarding") == 1 and sysctl(host, "eth0", "accept_ra") == 1
+
+
+# --- who manages an interface ---------------------------------------------------------------
+
+
+def test_owner_networkd_config(tmp_path):
+    root = make_root(
+        tmp_path, {"enp1s0": (0, 0), "lan0": (0, 1), "host0": (0, 1)}, fixture="networkd"
+    )
+    owner = owners.detect(root, "enp1s0")
+    assert owner.name == owners.NETWORKD and owner.source.endswith("10-uplink.network")
+    assert owners.detect(root, "lan0").name == owners.NOBODY  # Name=!en* wan* lan*
+    assert owners.detect(root, "eth0").source.endswith("20-other.network")
+    assert owners.detect(root, "wan0").source.endswith("10-uplink.network")
+    assert owners.networkd_name_matches("!en* wan*", "eth0")
+    assert not owners.networkd_name_matches("!en* wan*", "wan1")
+    assert not owners.networkd_accepts_ra(root, Path(owner.source))
+    dropin = root / "etc/systemd/network/10-uplink.network.d"
+    dropin.mkdir()
+    (dropin / "ra.conf").write_text("[Network]\nIPv6AcceptRA=yes\n")
+    assert owners.networkd_accepts_ra(root, Path(owner.source))
+    # Without networkd enabled or running, its files mean nothing.
+    (root / "etc/systemd/system/multi-user.target.wants/systemd-networkd.service").unlink()
+    assert owners.detect(root, "enp1s0").name == owners.NOBODY
+
+
+def test_owner_networkd_state(tmp_path):
+    root = make_root(tmp_path, fixture="networkd-state")
+    owner = owners.detect(root, "eth0")
+    assert (owner.name, owner.source) == (owners.NETWORKD, "/etc/systemd/network/50-eth0.network")
+
+
+def test_owner_networkmanager(tmp_path):
+    root = make_root(tmp_path, {"enp1s0": (0, 0), "wlan0": (0, 0)}, fixture="nm")
+    owner = owners.detect(root, "enp1s0")
+    assert (owner.name, owner.connection) == (owners.NETWORKMANAGER, "Uplink one")
+    assert owners.detect(root, "wlan0").name == owners.NETWORKMANAGER  # devices/4
+    text = raf.snippet(owner, "enp1s0")
+    assert "nmcli connection modify 'Uplink one' ipv6.method auto\n" in text
+
+
+def test_owner_ifupdown(tmp_path):
+    root = make_root(tmp_path, fixture="ifupdown")
+    wan = owners.detect(root, "wan0")
+    assert wan.name == owners.IFUPDOWN and wan.inet6 == {"method": "auto", "accept_ra": "1"}
+    assert raf.ifupdown_conflicts(wan)
+    eth1 = owners.detect(root, "eth1")  # from 'source /etc/network/extra-*.cfg'
+    assert eth1.name == owners.IFUPDOWN and not raf.ifupdown_conflicts(eth1)
+    assert owners.detect(root, "ghost0").name == owners.NOBODY  # skipped.cfg not read
+    assert owners.detect(root, "eth9").name == owners.NOBODY
+
+
+def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
+    root = make_root(tmp_path, {"enp1s0": (0, 0), "lan0": (0, 1)}, fixture="networkd")
+    monkeypatch.setattr(raf, "ROOT", root)
+    sent = []
+    monkeypatch.setattr(raf, "solicit", sent.append)
+    assert raf.main(["enable", "enp1s0", "lan0"]) == 1
+    out = capsys.readouterr().out
+    assert "/etc/systemd/network/10-uplink.network.d/ipv6-ra-forward.conf" in out
+    assert "[Network]\nIPv6AcceptRA=yes\n" in out
+    assert "IPv6 forwarding left off" in out
+    assert sysctl(root, "enp1s0", "accept_ra") == 0  # networkd's, untouched
+    assert sysctl(root, "lan0", "accept_ra") == 2
+    assert sysctl(root, "all", "forwarding") == 0  # it would cost enp1s0 its route
+    assert raf.parse_dropin((root / raf.DROPIN).read_text()) == raf.Persisted(
+        ["lan0"], False, {"lan0": 1}, None
+    )
+    assert sent == ["lan0"]
+    # The admin applies the printed drop-in: now forwarding goes on.
+    dropin = root / "etc/systemd/network/10-uplink.network.d"
+    dropin.mkdir()
+    (dropin / "ipv6-ra-forward.conf").write_text("[Network]\nIPv6AcceptRA=yes\n")
+    assert raf.main(["enable", "enp1s0", "lan0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1
+    assert sysctl(root, "enp1s0", "accept_ra") == 0
+    assert raf.main(["disable", "enp1s0", "lan0"]) == 0
+    assert sysctl(root, "enp1s0", "accept_ra") == 0 and sysctl(root, "lan0", "accept_ra") == 1
+
+
+def test_status_networkmanager_method(tmp_path):
+    root = make_root(tmp_path, {"enp1s0": (1, 0)}, forwarding=1, fixture="nm")
+    report = raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)
+    assert [p["kind"] for p in report["problems"]] == ["networkmanager-ra"]
+    assert "ipv6.method ignore" in report["problems"][0]["message"]
+    keyfile = root / "etc/NetworkManager/system-connections/Uplink one.nmconnection"
+    keyfile.write_text(keyfile.read_text().replace("method=ignore", "method=auto"))
+    assert raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)["ok"]
+
+
+# --- watch ----------------------------------------------------------------------------------
+
+
+def test_watch_once_applies_globs(host, capsys):
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth*"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 2 and sysctl(host, "eth0.100", "accept_ra") == 2
+    assert sysctl(host, "lan0", "accept_ra") == 1 and sysctl(host, "all", "forwarding") == 1
+    assert not (host / raf.DROPIN).exists()  # watch never persists
+    assert host.sent == ["eth0", "eth0.100"]
+
+
+def test_watch_refuses_bad_patterns(host, capsys):
+    conf = host / "conf"
+    conf.write_text("UPLINKS='eth0 $(reboot)'\n")
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 2
+    assert raf.main(["watch", "--once", "--uplink", "a b"]) == 2
+    assert sysctl(host, "eth0", "accept_ra") == 1
+
+
+def test_watch_without_uplinks(host, capsys):
+    assert raf.main(["watch", "--config", str(host / "missing")]) == 0
+    assert "nothing to watch" in capsys.readouterr().out
+
+
+def test_configure_new(host, capsys):
+    assert raf.configure_new(host, "lan0", dry_run=False)
+    assert sysctl(host, "lan0", "accept_ra") == 2 and host.sent == ["lan0"]
+    assert not raf.configure_new(host, "lan0", dry_run=False)  # already done
+    assert not raf.configure_new(host, "bad;name", dry_run=False)
+    assert not raf.configure_new(host, "gone0", dry_run=False)  # no sysctl dir appeared
+    (host / "sys/class/net/eth0").mkdir(parents=True)
+    (host / "sys/class/net/eth0/flags").write_text("0x1002\n")  # down
+    assert raf.configure_new(host, "eth0", dry_run=False)
+    assert host.sent == ["lan0"] and sysctl(host, "eth0", "accept_ra") == 2
+    (host / "sys/class/net/eth0/flags").write_text("0x1003\n")  # up
+    assert raf.link_is_up(host, "eth0") and raf.link_is_up(host, "nosuch0")
+
+
+def test_udev_source(tmp_path):
+    assert raf.udev_source(tmp_path) == "kernel"
+
+
+def test_router_solicitation_on_missing_interface():
+    with pytest.raises(Error, match="cannot send a router solicitation on nosuch0"):
+        raf.send_router_solicitation("nosuch0")
