@@ -12,7 +12,9 @@ from debadmin.errors import EXIT_ERROR, Error
 log = logging.getLogger("debadmin")
 
 
-def new_parser(prog: str, description: str, epilog: Optional[str] = None) -> argparse.ArgumentParser:
+def new_parser(
+    prog: str, description: str, epilog: Optional[str] = None
+) -> argparse.ArgumentParser:
     """An ArgumentParser with --version, -q and -v, as every tool has them."""
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -28,17 +30,31 @@ def new_parser(prog: str, description: str, epilog: Optional[str] = None) -> arg
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
     """-q/-v on a parser (subparsers get them too, so they work after the command)."""
     parser.add_argument(
-        "-q", "--quiet", action="store_const", const=-1, dest="verbosity",
-        default=argparse.SUPPRESS, help="print only errors on stderr",
+        "-q",
+        "--quiet",
+        action="store_const",
+        const=-1,
+        dest="verbosity",
+        default=argparse.SUPPRESS,
+        help="print only errors on stderr",
     )
     parser.add_argument(
-        "-v", "--verbose", action="store_const", const=1, dest="verbosity",
-        default=argparse.SUPPRESS, help="print debugging output on stderr",
+        "-v",
+        "--verbose",
+        action="store_const",
+        const=1,
+        dest="verbosity",
+        default=argparse.SUPPRESS,
+        help="print debugging output on stderr",
     )
 
 
-def run(prog: str, parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
-        func: Optional[Callable[[argparse.Namespace], int]] = None) -> int:
+def run(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    argv: Optional[Sequence[str]],
+    func: Optional[Callable[[argparse.Namespace], int]] = None,
+) -> int:
     """Parse argv, run args.func (or func), and turn expected failures into exit codes.
 
     Errors print one line, 'PROG: error: MESSAGE', on stderr.  argparse's own usage

@@ -18,8 +18,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: Union[bytes, str], mode: int = 0o644,
-                 uid: Optional[int] = None, gid: Optional[int] = None) -> None:
+def atomic_write(
+    path: Path,
+    data: Union[bytes, str],
+    mode: int = 0o644,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+) -> None:
     """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir.
 
     An interrupt leaves either the old file or the new one, never a half-written file,

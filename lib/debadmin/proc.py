@@ -10,9 +10,13 @@ from debadmin.errors import Error
 log = logging.getLogger("debadmin")
 
 
-def run(argv: Sequence[str], check: bool = True, input: Optional[bytes] = None,
-        env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
-        ) -> subprocess.CompletedProcess:
+def run(
+    argv: Sequence[str],
+    check: bool = True,
+    input: Optional[bytes] = None,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: Optional[float] = None,
+) -> subprocess.CompletedProcess:
     """Run argv (never through a shell) and capture its output as text.
 
     With check, a non-zero exit raises Error naming the command and its last stderr line.
@@ -24,7 +28,11 @@ def run(argv: Sequence[str], check: bool = True, input: Optional[bytes] = None,
     log.debug("running: %s", " ".join(argv))
     try:
         result = subprocess.run(
-            list(argv), input=input, capture_output=True, env=full_env, timeout=timeout,
+            list(argv),
+            input=input,
+            capture_output=True,
+            env=full_env,
+            timeout=timeout,
             check=False,
         )
     except FileNotFoundError:
@@ -32,8 +40,10 @@ def run(argv: Sequence[str], check: bool = True, input: Optional[bytes] = None,
     except subprocess.TimeoutExpired:
         raise Error(f"{argv[0]} did not finish within {timeout} s") from None
     completed = subprocess.CompletedProcess(
-        result.args, result.returncode,
-        result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace"),
+        result.args,
+        result.returncode,
+        result.stdout.decode("utf-8", "replace"),
+        result.stderr.decode("utf-8", "replace"),
     )
     if check and completed.returncode != 0:
         lines = completed.stderr.strip().splitlines() or completed.stdout.strip().splitlines()

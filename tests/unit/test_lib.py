@@ -89,3 +89,37 @@ def test_run_maps_exceptions(capsys):
     assert cli.run("t", parser, [], raises(NotApplicable("no UEFI"))) == 3
     assert cli.run("t", parser, ["--bogus"], lambda a: 0) == 2
     assert cli.run("t", parser, ["-q"], lambda a: 0) == 0
+
+
+def test_read_default(tmp_path):
+    from debadmin import sysconf
+
+    path = tmp_path / "default"
+    assert sysconf.read_default(path, ["A"]) is None
+    path.write_text("# c\nA=\"x y\"  # note\nB=1\nA='z'\n")
+    assert sysconf.read_default(path, ["A"]) == {"A": (4, "z")}
+    with pytest.raises(Error, match=r":3: expected A=\.\.\.$"):
+        sysconf.read_default(path, ["A"], strict=True)
+    path.write_text('A="unterminated\n')
+    with pytest.raises(Error, match=":1: cannot parse A"):
+        sysconf.read_default(path, ["A"])
+
+
+def test_dropin_files_masking_and_order(tmp_path):
+    from debadmin import sysconf
+
+    for directory, name in (
+        ("etc", "20-b.conf"),
+        ("usr", "20-b.conf"),
+        ("usr", "10-a.conf"),
+        ("usr", "30-c.txt"),
+        ("run", "15-x.conf"),
+    ):
+        (tmp_path / directory).mkdir(exist_ok=True)
+        (tmp_path / directory / name).write_text("")
+    found = sysconf.dropin_files(tmp_path, ["etc", "run", "usr", "missing"], ".conf")
+    assert found == [
+        tmp_path / "usr/10-a.conf",
+        tmp_path / "run/15-x.conf",
+        tmp_path / "etc/20-b.conf",
+    ]

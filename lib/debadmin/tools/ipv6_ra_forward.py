@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import pyudev
 
-from debadmin import cli, fsutil, proc
+from debadmin import cli, fsutil, proc, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import ipv6_ra_forward_owner as owners
@@ -205,27 +205,12 @@ def read_config(root: Path = Path("/"), path: Optional[Path] = None) -> Config:
     """UPLINKS and FORWARDING from /etc/default/ipv6-ra-forward (shell-style assignments)."""
     path = path or root / DEFAULTS_FILE
     config = Config()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return config
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Error(f"cannot read {path}: {exc}") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, rest = line.partition("=")
-        key = key.strip()
-        if not sep or key not in ("UPLINKS", "FORWARDING"):
-            raise Error(f"{path}:{number}: expected UPLINKS=... or FORWARDING=...")
-        try:
-            value = " ".join(shlex.split(rest, comments=True))
-        except ValueError:
-            raise Error(f"{path}:{number}: cannot parse {key}") from None
-        if key == "UPLINKS":
-            config.uplinks = [validate_pattern(p) for p in value.split()]
-        elif value.lower() in ("yes", "true", "1"):
+    values = sysconf.read_default(path, ("UPLINKS", "FORWARDING"), strict=True) or {}
+    if "UPLINKS" in values:
+        config.uplinks = [validate_pattern(p) for p in values["UPLINKS"][1].split()]
+    if "FORWARDING" in values:
+        number, value = values["FORWARDING"]
+        if value.lower() in ("yes", "true", "1"):
             config.forwarding = True
         elif value.lower() in ("no", "false", "0"):
             config.forwarding = False

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from debadmin import sysconf
 from debadmin.errors import Error
 
 log = logging.getLogger("debadmin")
@@ -106,19 +107,7 @@ def networkd_active(root: Path) -> bool:
 
 def _networkd_files(root: Path) -> List[Path]:
     """.network files in systemd's search order: an earlier directory masks a same-named file."""
-    found: Dict[str, Path] = {}
-    for base in NETWORKD_DIRS:
-        directory = root / base
-        try:
-            entries = list(directory.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:
-            raise Error(f"cannot read {directory}: {exc.strerror}") from None
-        for entry in entries:
-            if entry.name.endswith(".network") and entry.name not in found:
-                found[entry.name] = entry
-    return [found[name] for name in sorted(found)]
+    return sysconf.dropin_files(root, NETWORKD_DIRS, ".network")
 
 
 def networkd_name_matches(patterns: str, ifname: str) -> bool:

@@ -4,14 +4,13 @@ import argparse
 import logging
 import os
 import re
-import shlex
 import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from debadmin import cli, fsutil, proc
+from debadmin import cli, fsutil, proc, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error, NotApplicable
 from debadmin.output import emit_json
 
@@ -68,28 +67,8 @@ def resolve_groups(names: Iterable[str], root: Path = Path("/")) -> Dict[str, in
 
 def configured_groups(root: Path = Path("/")) -> List[str]:
     """JOURNAL_ACL_GROUPS from /etc/default/journal-acl-setup, else adm."""
-    path = root / DEFAULTS_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return [STOCK_GROUP]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Error(f"cannot read {path}: {exc}") from None
-    value = None
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, rest = line.partition("=")
-        if not sep or key.strip() != "JOURNAL_ACL_GROUPS":
-            continue
-        try:
-            words = shlex.split(rest, comments=True)
-        except ValueError:
-            raise Error(f"{path}:{number}: cannot parse JOURNAL_ACL_GROUPS") from None
-        value = " ".join(words)
-    if value is None:
-        return [STOCK_GROUP]
+    values = sysconf.read_default(root / DEFAULTS_FILE, ["JOURNAL_ACL_GROUPS"]) or {}
+    _, value = values.get("JOURNAL_ACL_GROUPS", (0, ""))
     names = [n for n in re.split(r"[\s,]+", value) if n]
     return names or [STOCK_GROUP]
 
@@ -117,19 +96,9 @@ def journald_storage(root: Path = Path("/")) -> Tuple[str, Optional[str]]:
     main_conf = root / "etc/systemd/journald.conf"
     if main_conf.is_file():
         files.append(main_conf)
-    dropins: Dict[str, Path] = {}
-    for base in JOURNALD_CONF_DIRS:
-        directory = root / base / "systemd/journald.conf.d"
-        try:
-            entries = sorted(directory.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:
-            raise Error(f"cannot read {directory}: {exc.strerror}") from None
-        for entry in entries:
-            if entry.name.endswith(".conf") and entry.name not in dropins:
-                dropins[entry.name] = entry
-    files.extend(dropins[name] for name in sorted(dropins))
+    files.extend(
+        sysconf.dropin_files(root, (f"{d}/systemd/journald.conf.d" for d in JOURNALD_CONF_DIRS),
+                             ".conf"))
     storage, source = "auto", None
     for path in files:
         try:
