@@ -5,7 +5,7 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import BinaryIO, Iterator, Optional, Union
 
 from debadmin.errors import Error
 
@@ -18,21 +18,17 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(
-    path: Path,
-    data: Union[bytes, str],
-    mode: int = 0o644,
-    uid: Optional[int] = None,
-    gid: Optional[int] = None,
-) -> None:
-    """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir.
+@contextlib.contextmanager
+def atomic_writer(
+    path: Path, mode: int = 0o644, uid: Optional[int] = None, gid: Optional[int] = None
+) -> Iterator[BinaryIO]:
+    """A binary file that replaces path atomically when the with block ends without error.
 
-    An interrupt leaves either the old file or the new one, never a half-written file,
-    and the temp file is removed on any failure.
+    Temp file in the same directory, fsync, rename, fsync the directory: an interrupt
+    leaves either the old file or the new one, never a half-written file, and the temp file
+    is removed on any failure.
     """
     path = Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
     directory = path.parent
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -40,7 +36,7 @@ def atomic_write(
         raise Error(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fchmod(handle.fileno(), mode)
             if uid is not None or gid is not None:
@@ -52,8 +48,22 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            raise Error(f"cannot write {path}: {exc.strerror}") from None
+            raise Error(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
+
+
+def atomic_write(
+    path: Path,
+    data: Union[bytes, str],
+    mode: int = 0o644,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+) -> None:
+    """Write data to path atomically (see atomic_writer)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with atomic_writer(path, mode, uid, gid) as handle:
+        handle.write(data)
 
 
 def remove_file(path: Path) -> bool:

@@ -97,8 +97,10 @@ def journald_storage(root: Path = Path("/")) -> Tuple[str, Optional[str]]:
     if main_conf.is_file():
         files.append(main_conf)
     files.extend(
-        sysconf.dropin_files(root, (f"{d}/systemd/journald.conf.d" for d in JOURNALD_CONF_DIRS),
-                             ".conf"))
+        sysconf.dropin_files(
+            root, (f"{d}/systemd/journald.conf.d" for d in JOURNALD_CONF_DIRS), ".conf"
+        )
+    )
     storage, source = "auto", None
     for path in files:
         try:

@@ -1,7 +1,6 @@
 """netboot-serialize: put a Debian installer netboot tree (BIOS and UEFI) on a serial console."""
 
 import argparse
-import contextlib
 import ctypes
 import difflib
 import logging
@@ -561,24 +560,8 @@ def put_tree_in_place(staging: Path, dest: Path) -> None:
 
 
 def write_tarball_atomically(dest: Path, writer) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    except OSError as exc:
-        raise Error(f"cannot write {dest}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            writer(out)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-        fsutil.fsync_dir(dest.parent)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise Error(f"cannot write {dest}: {exc.strerror or exc}") from None
-        raise
+    with fsutil.atomic_writer(dest) as out:
+        writer(out)
 
 
 def copy_tree(src: Path, dest: Path) -> None:
