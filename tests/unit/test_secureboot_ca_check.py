@@ -22,8 +22,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
 REAL = DATA / "real"
 OVMF = Path("/usr/share/OVMF")
 SHIM = Path("/usr/lib/shim/shimx64.efi.signed")
-needs_ovmf = pytest.mark.skipif(not (OVMF / "OVMF_VARS_4M.ms.fd").is_file(),
-                                reason="ovmf is not installed")
+needs_ovmf = pytest.mark.skipif(
+    not (OVMF / "OVMF_VARS_4M.ms.fd").is_file(), reason="ovmf is not installed"
+)
 needs_shim = pytest.mark.skipif(not SHIM.is_file(), reason="shim-signed is not installed")
 SHA256_TYPE = "c1c41626-504c-4092-aca9-41f936934328"
 NOW = datetime.datetime(2026, 11, 21, 12, 0, 0)
@@ -43,22 +44,38 @@ def esl(sig_type: str, payloads, owner: str = efi.MICROSOFT_OWNER) -> bytes:
 
 
 def cert_esl(*certs: x509.Certificate, owner: str = efi.MICROSOFT_OWNER) -> bytes:
-    return b"".join(esl(efi.CERT_X509, [c.public_bytes(serialization.Encoding.DER)], owner)
-                    for c in certs)
+    return b"".join(
+        esl(efi.CERT_X509, [c.public_bytes(serialization.Encoding.DER)], owner) for c in certs
+    )
 
 
-def make_cert(cn: str, org: str = "Example", days: int = 3650, expired: bool = False,
-              issuer=None, issuer_key=None):
+def make_cert(
+    cn: str,
+    org: str = "Example",
+    days: int = 3650,
+    expired: bool = False,
+    issuer=None,
+    issuer_key=None,
+):
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn),
-                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, org)])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
+        ]
+    )
     start = NOW - datetime.timedelta(days=days + 10 if expired else 10)
     end = NOW - datetime.timedelta(days=5) if expired else NOW + datetime.timedelta(days=days)
-    cert = (x509.CertificateBuilder().subject_name(name)
-            .issuer_name(issuer.subject if issuer else name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .sign(issuer_key or key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .sign(issuer_key or key, hashes.SHA256())
+    )
     return cert, key
 
 
@@ -72,17 +89,20 @@ def write_efivars(directory: Path, variables: dict, attributes: dict = None) -> 
     for name, data in variables.items():
         attrs = (attributes or {}).get(name)
         if attrs is None:
-            attrs = 0x27 if name in efi.AUTHENTICATED else (
-                0x06 if name.endswith("Default") or name == "SetupMode" else 0x06)
-        (directory / f"{name}-{efi.VARIABLES[name]}").write_bytes(
-            struct.pack("<I", attrs) + data)
+            attrs = (
+                0x27
+                if name in efi.AUTHENTICATED
+                else (0x06 if name.endswith("Default") or name == "SetupMode" else 0x06)
+            )
+        (directory / f"{name}-{efi.VARIABLES[name]}").write_bytes(struct.pack("<I", attrs) + data)
     return directory
 
 
 def ms_variables(**extra) -> dict:
     """The real PK/KEK/db/dbx of Debian's OVMF_VARS_4M.ms.fd, Secure Boot on."""
-    variables = {name: (REAL / f"ovmf-ms-{name}.esl").read_bytes()
-                 for name in ("PK", "KEK", "db", "dbx")}
+    variables = {
+        name: (REAL / f"ovmf-ms-{name}.esl").read_bytes() for name in ("PK", "KEK", "db", "dbx")
+    }
     variables.update(SecureBoot=b"\x01", SetupMode=b"\x00")
     variables.update(extra)
     return variables
@@ -92,24 +112,51 @@ def make_varstore(variables, states=None, size=0x84000) -> bytes:
     """An edk2 NVRAM image like OVMF's 4M one: FV header, auth store header, variables."""
     header_length = 72
     fv = bytearray(b"\xff" * size)
-    header = struct.pack("<16s16sQ4sIHHHBB", b"\0" * 16, guid(efi.FV_NV_GUIDS[0]), size,
-                         b"_FVH", 0x4FEFF, header_length, 0, 0, 0, 2)
+    header = struct.pack(
+        "<16s16sQ4sIHHHBB",
+        b"\0" * 16,
+        guid(efi.FV_NV_GUIDS[0]),
+        size,
+        b"_FVH",
+        0x4FEFF,
+        header_length,
+        0,
+        0,
+        0,
+        2,
+    )
     header += struct.pack("<II", size // 0x1000, 0x1000) + struct.pack("<II", 0, 0)
     checksum = (-sum(struct.unpack(f"<{len(header) // 2}H", header))) & 0xFFFF
     header = header[:50] + struct.pack("<H", checksum) + header[52:]
     fv[:header_length] = header
     store_size = 0x3FFB8
-    fv[header_length:header_length + 28] = struct.pack(
-        "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0)
+    fv[header_length : header_length + 28] = struct.pack(
+        "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0
+    )
     offset = header_length + 28
     for name, data in variables:
         vendor = efi.VARIABLES.get(name, efi.GLOBAL_GUID)
         raw_name = (name + "\0").encode("utf-16-le")
         attrs = 0x27 if name in efi.AUTHENTICATED else 0x07
         state = (states or {}).get(name, efi.VAR_ADDED)
-        var = struct.pack("<HBBIQ16sIII16s", 0x55AA, state, 0, attrs, 0, b"\0" * 16, 0,
-                          len(raw_name), len(data), guid(vendor)) + raw_name + data
-        fv[offset:offset + len(var)] = var
+        var = (
+            struct.pack(
+                "<HBBIQ16sIII16s",
+                0x55AA,
+                state,
+                0,
+                attrs,
+                0,
+                b"\0" * 16,
+                0,
+                len(raw_name),
+                len(data),
+                guid(vendor),
+            )
+            + raw_name
+            + data
+        )
+        fv[offset : offset + len(var)] = var
         offset = (offset + len(var) + 3) & ~3
     return bytes(fv)
 
@@ -139,22 +186,30 @@ def test_real_ovmf_lists_identify_microsoft_by_fingerprint():
 
 
 def test_real_shim_ca_certificates_match_the_reference_table():
-    for name, ca_id in (("microsoft-uefi-ca-2011.der", "uefi_ca_2011"),
-                        ("microsoft-uefi-ca-2023.der", "uefi_ca_2023")):
+    for name, ca_id in (
+        ("microsoft-uefi-ca-2011.der", "uefi_ca_2011"),
+        ("microsoft-uefi-ca-2023.der", "uefi_ca_2023"),
+    ):
         assert sbc.KNOWN_CAS[efi.fingerprint(real_cert(name))][0] == ca_id
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d[:20], "truncated header"),
-    (lambda d: d[:-1], "runs past the end"),
-    (lambda d: d[:16] + struct.pack("<I", len(d) + 100) + d[20:], "runs past the end"),
-    (lambda d: guid("01234567-89ab-cdef-0123-456789abcdef") + d[16:], "unknown signature type"),
-    (lambda d: d[:20] + struct.pack("<I", 4) + d[24:], "header size 4"),
-    (lambda d: d[:24] + struct.pack("<I", 16) + d[28:], "signature size 16"),
-    (lambda d: d[:16] + struct.pack("<I", 28) + d[20:28], "not a whole number"),
-    (lambda d: d[:44] + b"\x31" + d[45:], "not a DER X.509 certificate"),
-    (lambda d: d + b"\0" * 10, "truncated header"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d[:20], "truncated header"),
+        (lambda d: d[:-1], "runs past the end"),
+        (lambda d: d[:16] + struct.pack("<I", len(d) + 100) + d[20:], "runs past the end"),
+        (
+            lambda d: guid("01234567-89ab-cdef-0123-456789abcdef") + d[16:],
+            "unknown signature type",
+        ),
+        (lambda d: d[:20] + struct.pack("<I", 4) + d[24:], "header size 4"),
+        (lambda d: d[:24] + struct.pack("<I", 16) + d[28:], "signature size 16"),
+        (lambda d: d[:16] + struct.pack("<I", 28) + d[20:28], "not a whole number"),
+        (lambda d: d[:44] + b"\x31" + d[45:], "not a DER X.509 certificate"),
+        (lambda d: d + b"\0" * 10, "truncated header"),
+    ],
+)
 def test_malformed_signature_lists(mutate, message):
     data = (REAL / "ovmf-ms-db.esl").read_bytes()
     with pytest.raises(Error, match=message):
@@ -223,16 +278,24 @@ def test_all_2023_present_is_ok(tmp_path):
     kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(stand_in)
     db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek, db=db))
-    report = sbc.build_report("efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path,
-                              NOW, known)
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW, known
+    )
     assert report["verdict"] == "ok" and report["exit_status"] == 0
     assert not [f for f in report["findings"] if f["severity"] == "action"]
     # Factory defaults without the 2023 certificates: a warning, not an action.
-    efivars2 = write_efivars(tmp_path / "efivars2", ms_variables(
-        KEK=kek, db=db, KEKDefault=(REAL / "ovmf-ms-KEK.esl").read_bytes(),
-        dbDefault=(REAL / "ovmf-ms-db.esl").read_bytes()))
-    report = sbc.build_report("efivars", str(efivars2), efi.read_efivars(efivars2), [],
-                              tmp_path, NOW, known)
+    efivars2 = write_efivars(
+        tmp_path / "efivars2",
+        ms_variables(
+            KEK=kek,
+            db=db,
+            KEKDefault=(REAL / "ovmf-ms-KEK.esl").read_bytes(),
+            dbDefault=(REAL / "ovmf-ms-db.esl").read_bytes(),
+        ),
+    )
+    report = sbc.build_report(
+        "efivars", str(efivars2), efi.read_efivars(efivars2), [], tmp_path, NOW, known
+    )
     assert report["exit_status"] == 0
     warning = [f for f in report["findings"] if f["code"] == "defaults-lack-2023"]
     assert warning and "KEKDefault" in warning[0]["message"]
@@ -258,9 +321,17 @@ def test_lookalike_is_flagged(tmp_path, capsys):
 def test_test_key_pk_and_expired_cert(tmp_path, capsys):
     ami, _ = make_cert("DO NOT TRUST - AMI Test PK", org="AMI")
     old, _ = make_cert("Old own db key", expired=True)
-    efivars = write_efivars(tmp_path / "efivars", {
-        "SecureBoot": b"\x01", "SetupMode": b"\x00", "PK": cert_esl(ami, owner=efi.GLOBAL_GUID),
-        "KEK": cert_esl(ami), "db": cert_esl(old), "dbx": b""})
+    efivars = write_efivars(
+        tmp_path / "efivars",
+        {
+            "SecureBoot": b"\x01",
+            "SetupMode": b"\x00",
+            "PK": cert_esl(ami, owner=efi.GLOBAL_GUID),
+            "KEK": cert_esl(ami),
+            "db": cert_esl(old),
+            "dbx": b"",
+        },
+    )
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     report = doc["reports"][0]
     # Only the owner's keys: nothing to do about the Microsoft CAs, but warned.
@@ -291,14 +362,17 @@ def test_no_uefi(tmp_path, capsys):
     assert err.count("\n") == 1 and "did not boot with UEFI" in err
 
 
-@pytest.mark.parametrize("name,attrs,data,message", [
-    ("db", 0xDEADBEEF, b"", "undefined attribute bits"),
-    ("db", 0x07, b"", "lack non-volatile, runtime or time-based"),
-    ("KEK", 0x3F, b"", "not those of a Secure Boot variable"),
-    ("SecureBoot", 0x06, b"\x01\x00", "expected one byte"),
-    ("SecureBoot", 0x06, b"\x07", "expected one byte"),
-    ("SetupMode", 0x01, b"\x00", "lack boot-service access"),
-])
+@pytest.mark.parametrize(
+    "name,attrs,data,message",
+    [
+        ("db", 0xDEADBEEF, b"", "undefined attribute bits"),
+        ("db", 0x07, b"", "lack non-volatile, runtime or time-based"),
+        ("KEK", 0x3F, b"", "not those of a Secure Boot variable"),
+        ("SecureBoot", 0x06, b"\x01\x00", "expected one byte"),
+        ("SecureBoot", 0x06, b"\x07", "expected one byte"),
+        ("SetupMode", 0x01, b"\x00", "lack boot-service access"),
+    ],
+)
 def test_malformed_efivars(tmp_path, capsys, name, attrs, data, message):
     variables = ms_variables()
     variables[name] = data
@@ -326,8 +400,9 @@ def test_truncated_efivars_file(tmp_path, capsys):
 
 
 def generated_ms_varstore(states=None) -> bytes:
-    order = [("CustomMode", b"\0")] + [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes())
-                                       for n in ("db", "dbx", "KEK", "PK")]
+    order = [("CustomMode", b"\0")] + [
+        (n, (REAL / f"ovmf-ms-{n}.esl").read_bytes()) for n in ("db", "dbx", "KEK", "PK")
+    ]
     return make_varstore(order, states)
 
 
@@ -348,22 +423,25 @@ def test_varstore_only_added_entries_count(tmp_path, capsys):
 
 
 def corrupt(data: bytes, offset: int, raw: bytes) -> bytes:
-    return data[:offset] + raw + data[offset + len(raw):]
+    return data[:offset] + raw + data[offset + len(raw) :]
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d[:40], "too short"),
-    (lambda d: corrupt(d, 40, b"_FVX"), "no _FVH signature"),
-    (lambda d: corrupt(d, 16, b"\x11" * 16), "is not a variable store"),
-    (lambda d: corrupt(d, 32, struct.pack("<Q", 1 << 40)), "does not fit the file"),
-    (lambda d: corrupt(d, 50, b"\x12\x34"), "checksum mismatch"),
-    (lambda d: corrupt(d, 72, b"\x22" * 16), "unknown variable store signature"),
-    (lambda d: corrupt(d, 72 + 20, b"\x00"), "not formatted and healthy"),
-    (lambda d: corrupt(d, 100, b"\x34\x12"), "corrupt variable header"),
-    (lambda d: corrupt(d, 100 + 36, struct.pack("<I", 0x7FFFFFF0)), "bad name size"),
-    (lambda d: corrupt(d, 100 + 40, struct.pack("<I", 0x7FFFFFF0)), "runs past the variable"),
-    (lambda d: d[:0x84000 - 1], "does not fit the file"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d[:40], "too short"),
+        (lambda d: corrupt(d, 40, b"_FVX"), "no _FVH signature"),
+        (lambda d: corrupt(d, 16, b"\x11" * 16), "is not a variable store"),
+        (lambda d: corrupt(d, 32, struct.pack("<Q", 1 << 40)), "does not fit the file"),
+        (lambda d: corrupt(d, 50, b"\x12\x34"), "checksum mismatch"),
+        (lambda d: corrupt(d, 72, b"\x22" * 16), "unknown variable store signature"),
+        (lambda d: corrupt(d, 72 + 20, b"\x00"), "not formatted and healthy"),
+        (lambda d: corrupt(d, 100, b"\x34\x12"), "corrupt variable header"),
+        (lambda d: corrupt(d, 100 + 36, struct.pack("<I", 0x7FFFFFF0)), "bad name size"),
+        (lambda d: corrupt(d, 100 + 40, struct.pack("<I", 0x7FFFFFF0)), "runs past the variable"),
+        (lambda d: d[: 0x84000 - 1], "does not fit the file"),
+    ],
+)
 def test_corrupt_varstore(tmp_path, capsys, mutate, message):
     path = tmp_path / "VARS.fd"
     path.write_bytes(mutate(generated_ms_varstore()))
@@ -378,12 +456,15 @@ def test_missing_varstore(tmp_path, capsys):
 
 
 @needs_ovmf
-@pytest.mark.parametrize("name,status,verdict", [
-    ("OVMF_VARS_4M.ms.fd", 1, "action-needed"),
-    ("OVMF_VARS_4M.snakeoil.fd", 0, "ok"),
-    ("OVMF_VARS_4M.fd", 3, "not-applicable"),
-    ("OVMF_VARS.ms.fd", 1, "action-needed"),
-])
+@pytest.mark.parametrize(
+    "name,status,verdict",
+    [
+        ("OVMF_VARS_4M.ms.fd", 1, "action-needed"),
+        ("OVMF_VARS_4M.snakeoil.fd", 0, "ok"),
+        ("OVMF_VARS_4M.fd", 3, "not-applicable"),
+        ("OVMF_VARS.ms.fd", 1, "action-needed"),
+    ],
+)
 def test_real_ovmf_varstores(capsys, name, status, verdict):
     rc, doc = run_json(capsys, "--varstore", str(OVMF / name))
     assert rc == status and doc["reports"][0]["verdict"] == verdict
@@ -399,8 +480,13 @@ def test_real_varstore_matches_committed_copies():
 
 @needs_ovmf
 def test_several_varstores_one_report_each(capsys):
-    rc, doc = run_json(capsys, "--varstore", str(OVMF / "OVMF_VARS_4M.snakeoil.fd"),
-                       "--varstore", str(OVMF / "OVMF_VARS_4M.fd"))
+    rc, doc = run_json(
+        capsys,
+        "--varstore",
+        str(OVMF / "OVMF_VARS_4M.snakeoil.fd"),
+        "--varstore",
+        str(OVMF / "OVMF_VARS_4M.fd"),
+    )
     assert rc == 0 and [r["verdict"] for r in doc["reports"]] == ["ok", "not-applicable"]
     snakeoil = doc["reports"][0]
     assert snakeoil["microsoft_managed"] is False
@@ -414,16 +500,19 @@ def test_several_varstores_one_report_each(capsys):
 def test_real_shim_signatures():
     image = efi.read_pe(SHIM)
     assert len(image.signatures) == 2 and all(s.digest_found for s in image.signatures)
-    cas = [[sbc.KNOWN_CAS.get(efi.fingerprint(c), ("-",))[0] for c in s.certs]
-           for s in image.signatures]
+    cas = [
+        [sbc.KNOWN_CAS.get(efi.fingerprint(c), ("-",))[0] for c in s.certs]
+        for s in image.signatures
+    ]
     assert "uefi_ca_2011" in cas[0] and "uefi_ca_2023" in cas[1]
 
 
 @needs_shim
 def test_real_shim_acceptance(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "ms", ms_variables())
-    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(SHIM))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
+    )
     shim = doc["reports"][0]["shims"][0]
     assert shim["accepted"]
     assert shim["signatures"][0]["chains_to_db"] == ["Microsoft Corporation UEFI CA 2011"]
@@ -432,8 +521,9 @@ def test_real_shim_acceptance(tmp_path, capsys):
     db = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     dbx = cert_esl(real_cert("microsoft-uefi-ca-2011.der"))
     efivars = write_efivars(tmp_path / "new", ms_variables(db=db, dbx=dbx))
-    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(SHIM))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
+    )
     shim = doc["reports"][0]["shims"][0]
     assert shim["accepted"]
     assert shim["signatures"][0]["revoked_by_dbx"] == ["Microsoft Corporation UEFI CA 2011"]
@@ -442,12 +532,15 @@ def test_real_shim_acceptance(tmp_path, capsys):
     image_hash = bytes.fromhex(efi.read_pe(SHIM).sha256)
     dbx = esl(SHA256_TYPE, [image_hash])
     efivars = write_efivars(tmp_path / "revoked", ms_variables(dbx=dbx))
-    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(SHIM))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
+    )
     shim = doc["reports"][0]["shims"][0]
     assert rc == 1 and not shim["accepted"] and shim["hash_in_dbx"]
-    assert any(f["code"] == "shim-not-accepted" and f["severity"] == "action"
-               for f in doc["reports"][0]["findings"])
+    assert any(
+        f["code"] == "shim-not-accepted" and f["severity"] == "action"
+        for f in doc["reports"][0]["findings"]
+    )
 
 
 @needs_shim
@@ -467,32 +560,37 @@ def minimal_pe(cert_table: bytes = b"", cert_offset=None) -> bytes:
     data = bytearray(pe + 24 + optional_size)
     data[:2] = b"MZ"
     struct.pack_into("<I", data, 0x3C, pe)
-    data[pe:pe + 4] = b"PE\0\0"
+    data[pe : pe + 4] = b"PE\0\0"
     struct.pack_into("<HHIIIHH", data, pe + 4, 0x8664, 0, 0, 0, 0, optional_size, 0x22)
     struct.pack_into("<H", data, pe + 24, 0x20B)
     struct.pack_into("<I", data, pe + 24 + 108, 16)
     offset = len(data) if cert_offset is None else cert_offset
-    struct.pack_into("<II", data, pe + 24 + 112 + 32, offset if cert_table else 0,
-                     len(cert_table))
+    struct.pack_into("<II", data, pe + 24 + 112 + 32, offset if cert_table else 0, len(cert_table))
     return bytes(data) + cert_table
 
 
-@pytest.mark.parametrize("data,message", [
-    (b"ZM" + b"\0" * 100, "no MZ header"),
-    (minimal_pe()[:0x90], "no PE signature"),
-    (minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\0" * 8, cert_offset=10 ** 6),
-     "lies outside the file"),
-    (minimal_pe(struct.pack("<IHH", 16, 0x200, 1) + b"\0" * 8), "is not PKCS#7"),
-    (minimal_pe(struct.pack("<IHH", 16, 0x300, 2) + b"\0" * 8), "unknown revision"),
-    (minimal_pe(struct.pack("<IHH", 64, 0x200, 2) + b"\0" * 8), "runs past"),
-    (minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\x30\x06garbag"), "not a PKCS#7"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"ZM" + b"\0" * 100, "no MZ header"),
+        (minimal_pe()[:0x90], "no PE signature"),
+        (
+            minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\0" * 8, cert_offset=10**6),
+            "lies outside the file",
+        ),
+        (minimal_pe(struct.pack("<IHH", 16, 0x200, 1) + b"\0" * 8), "is not PKCS#7"),
+        (minimal_pe(struct.pack("<IHH", 16, 0x300, 2) + b"\0" * 8), "unknown revision"),
+        (minimal_pe(struct.pack("<IHH", 64, 0x200, 2) + b"\0" * 8), "runs past"),
+        (minimal_pe(struct.pack("<IHH", 16, 0x200, 2) + b"\x30\x06garbag"), "not a PKCS#7"),
+    ],
+)
 def test_malformed_pe(tmp_path, capsys, data, message):
     shim = tmp_path / "shim.efi"
     shim.write_bytes(data)
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
-    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(shim))
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
     assert rc == 2 and out == "" and message in err and err.count("\n") == 1
 
 
@@ -504,21 +602,25 @@ def test_real_certificate_table_on_another_image(tmp_path, capsys):
     assert [len(s.certs) for s in image.signatures] == [2, 2]
     assert not any(s.digest_found for s in image.signatures)
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
-    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(shim))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
     result = doc["reports"][0]["shims"][0]
     assert result["signatures"][0]["chains_to_db"] == ["Microsoft Corporation UEFI CA 2011"]
     assert not result["signatures"][0]["digest_matches"] and not result["accepted"]
     assert [c["microsoft_ca"] for c in result["signatures"][1]["certificates"]] == [
-        None, "uefi_ca_2023"]
+        None,
+        "uefi_ca_2023",
+    ]
 
 
 def test_unsigned_pe_is_not_accepted(tmp_path, capsys):
     shim = tmp_path / "shim.efi"
     shim.write_bytes(minimal_pe())
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
-    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--shim", str(shim))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
     assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"] == []
     assert not doc["reports"][0]["shims"][0]["accepted"]
 
@@ -526,17 +628,21 @@ def test_unsigned_pe_is_not_accepted(tmp_path, capsys):
 # --- fwupd, metrics, JSON ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stanza,installed,recent", [
-    ("Package: fwupd\nStatus: install ok installed\nVersion: 2.0.20-1~deb12u2\n", True, True),
-    ("Package: fwupd\nStatus: install ok installed\nVersion: 1.8.12-2\n", True, False),
-    ("Package: fwupd\nStatus: deinstall ok config-files\nVersion: 2.0.20-1\n", False, False),
-    ("Package: fwupd-amd64-signed\nStatus: install ok installed\nVersion: 9\n", False, False),
-])
+@pytest.mark.parametrize(
+    "stanza,installed,recent",
+    [
+        ("Package: fwupd\nStatus: install ok installed\nVersion: 2.0.20-1~deb12u2\n", True, True),
+        ("Package: fwupd\nStatus: install ok installed\nVersion: 1.8.12-2\n", True, False),
+        ("Package: fwupd\nStatus: deinstall ok config-files\nVersion: 2.0.20-1\n", False, False),
+        ("Package: fwupd-amd64-signed\nStatus: install ok installed\nVersion: 9\n", False, False),
+    ],
+)
 def test_fwupd_status(tmp_path, stanza, installed, recent):
     status = tmp_path / "var/lib/dpkg/status"
     status.parent.mkdir(parents=True)
-    status.write_text("Package: base-files\nStatus: install ok installed\nVersion: 12.4\n\n"
-                      + stanza)
+    status.write_text(
+        "Package: base-files\nStatus: install ok installed\nVersion: 12.4\n\n" + stanza
+    )
     result = sbc.fwupd_status(tmp_path)
     assert (result["installed"], result["recent_enough"]) == (installed, recent)
 
@@ -549,20 +655,33 @@ def test_textfile_metric(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
     textfile = tmp_path / "textfile"
     textfile.mkdir()
-    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--textfile-dir", str(textfile), "--quiet")
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--root",
+        str(tmp_path),
+        "--textfile-dir",
+        str(textfile),
+        "--quiet",
+    )
     assert rc == 1 and "Verdict: action needed" in out and "Next steps" not in out
     assert [p.name for p in textfile.iterdir()] == ["secureboot_ca_check.prom"]
     metrics = (textfile / "secureboot_ca_check.prom").read_text()
     assert "secureboot_ca_check_status 1\n" in metrics
-    assert (f'secureboot_ca_check_ca_present{{source="{efivars}",ca="kek_2k_ca_2023",'
-            'variable="KEK"} 0\n') in metrics
-    assert (f'secureboot_ca_check_ca_present{{source="{efivars}",ca="uefi_ca_2011",'
-            'variable="db"} 1\n') in metrics
+    assert (
+        f'secureboot_ca_check_ca_present{{source="{efivars}",ca="kek_2k_ca_2023",'
+        'variable="KEK"} 0\n'
+    ) in metrics
+    assert (
+        f'secureboot_ca_check_ca_present{{source="{efivars}",ca="uefi_ca_2011",'
+        'variable="db"} 1\n'
+    ) in metrics
     # An error still updates the metric (status 2), and prints one line.
     (efivars / f"db-{efi.IMAGE_SECURITY_GUID}").write_bytes(b"\x27\0\0\0garbage")
-    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--textfile-dir", str(textfile))
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--textfile-dir", str(textfile)
+    )
     assert rc == 2 and out == ""
     assert "secureboot_ca_check_status 2\n" in (textfile / "secureboot_ca_check.prom").read_text()
     assert [p.name for p in textfile.iterdir()] == ["secureboot_ca_check.prom"]
@@ -570,8 +689,15 @@ def test_textfile_metric(tmp_path, capsys):
 
 def test_textfile_dir_missing(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
-    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path),
-                       "--textfile-dir", str(tmp_path / "nope"))
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--root",
+        str(tmp_path),
+        "--textfile-dir",
+        str(tmp_path / "nope"),
+    )
     assert rc == 2 and "textfile directory" in err
 
 
@@ -587,17 +713,48 @@ def test_json_fields_are_stable(tmp_path, capsys):
     assert set(doc) == {"reports", "exit_status"}
     report = doc["reports"][0]
     assert set(report) == {
-        "source", "secure_boot", "setup_mode", "secure_boot_active", "pk_owner", "variables",
-        "microsoft_cas", "shims", "fwupd", "microsoft_managed", "findings", "next_steps",
-        "verdict", "exit_status"}
+        "source",
+        "secure_boot",
+        "setup_mode",
+        "secure_boot_active",
+        "pk_owner",
+        "variables",
+        "microsoft_cas",
+        "shims",
+        "fwupd",
+        "microsoft_managed",
+        "findings",
+        "next_steps",
+        "verdict",
+        "exit_status",
+    }
     assert set(report["variables"]) == {"PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault"}
     assert set(report["variables"]["db"]) == {"attributes", "certificates", "hashes"}
     assert set(report["variables"]["db"]["certificates"][0]) == {
-        "subject", "subject_cn", "issuer", "serial", "not_before", "not_after", "expired",
-        "sha256", "sha1", "owner", "microsoft_ca", "lookalike", "test_key"}
+        "subject",
+        "subject_cn",
+        "issuer",
+        "serial",
+        "not_before",
+        "not_after",
+        "expired",
+        "sha256",
+        "sha1",
+        "owner",
+        "microsoft_ca",
+        "lookalike",
+        "test_key",
+    }
     assert set(report["microsoft_cas"]["uefi_ca_2023"]) == {
-        "name", "belongs_in", "sha256", "in_kek", "in_db", "in_dbx", "in_kekdefault",
-        "in_dbdefault"}
+        "name",
+        "belongs_in",
+        "sha256",
+        "in_kek",
+        "in_db",
+        "in_dbx",
+        "in_kekdefault",
+        "in_dbdefault",
+    }
     assert set(report["fwupd"]) == {"installed", "version", "minimum", "recent_enough"}
     assert set(report["findings"][0]) == {"code", "severity", "message"}
 
@@ -616,14 +773,15 @@ def mutations(seed: bytes, rng: random.Random, count: int):
             if choice < 0.5 and data:
                 data[position] = rng.randrange(256)
             elif choice < 0.65:
-                del data[position:position + rng.randint(1, 64)]
+                del data[position : position + rng.randint(1, 64)]
             elif choice < 0.8:
-                data[position:position] = bytes(rng.randrange(256)
-                                                for _ in range(rng.randint(1, 16)))
+                data[position:position] = bytes(
+                    rng.randrange(256) for _ in range(rng.randint(1, 16))
+                )
             elif data:
                 # Interesting integers where sizes live.
                 value = rng.choice([0, 1, 27, 28, 0xFFFFFFFF, 0x7FFFFFFF, len(seed), 0x55AA])
-                data[position:position + 4] = struct.pack("<I", value)[:len(data) - position]
+                data[position : position + 4] = struct.pack("<I", value)[: len(data) - position]
         yield bytes(data)
 
 
@@ -656,14 +814,15 @@ def test_fuzz_pe():
     fuzz_one(lambda d: efi.parse_pe(d, "fuzz"), seed, rng, 400)
 
 
-@pytest.mark.parametrize("path", sorted((DATA / "crashers").glob("*.bin")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((DATA / "crashers").glob("*.bin")), ids=lambda p: p.name)
 def test_crashers_stay_fixed(path, tmp_path, capsys):
     """Inputs the fuzz loop once broke: a clean result or a clean Error, nothing on stderr."""
     kind = path.name.split("-")[0]
-    parser = {"esl": lambda d: efi.parse_signature_lists(d, "crasher"),
-              "varstore": lambda d: efi.parse_varstore(d, "crasher"),
-              "pe": lambda d: efi.parse_pe(d, "crasher")}[kind]
+    parser = {
+        "esl": lambda d: efi.parse_signature_lists(d, "crasher"),
+        "varstore": lambda d: efi.parse_varstore(d, "crasher"),
+        "pe": lambda d: efi.parse_pe(d, "crasher"),
+    }[kind]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         try:

@@ -34,20 +34,41 @@ SHIM_ARCHES = ("x64", "aa64", "ia32")
 # Microsoft's Secure Boot CAs, by SHA-256 fingerprint (shared/reference/secureboot.md).
 KNOWN_CAS: Dict[str, Tuple[str, str, str]] = {
     # fingerprint: (id, subject CN, variable it belongs in)
-    "a1117f516a32cefcba3f2d1ace10a87972fd6bbe8fe0d0b996e09e65d802a503":
-        ("kek_ca_2011", "Microsoft Corporation KEK CA 2011", "KEK"),
-    "3cd3f0309edae228767a976dd40d9f4affc4fbd5218f2e8cc3c9dd97e8ac6f9d":
-        ("kek_2k_ca_2023", "Microsoft Corporation KEK 2K CA 2023", "KEK"),
-    "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507":
-        ("uefi_ca_2011", "Microsoft Corporation UEFI CA 2011", "db"),
-    "f6124e34125bee3fe6d79a574eaa7b91c0e7bd9d929c1a321178efd611dad901":
-        ("uefi_ca_2023", "Microsoft UEFI CA 2023", "db"),
-    "e5be3e64c6e66a281457ecdece0d6d0787577aad2a3a0144262c10c14ba8d8f1":
-        ("option_rom_uefi_ca_2023", "Microsoft Option ROM UEFI CA 2023", "db"),
-    "e8e95f0733a55e8bad7be0a1413ee23c51fcea64b3c8fa6a786935fddcc71961":
-        ("windows_production_pca_2011", "Microsoft Windows Production PCA 2011", "db"),
-    "076f1fea90ac29155ebf77c17682f75f1fdd1be196da302dc8461e350a9ae330":
-        ("windows_uefi_ca_2023", "Windows UEFI CA 2023", "db"),
+    "a1117f516a32cefcba3f2d1ace10a87972fd6bbe8fe0d0b996e09e65d802a503": (
+        "kek_ca_2011",
+        "Microsoft Corporation KEK CA 2011",
+        "KEK",
+    ),
+    "3cd3f0309edae228767a976dd40d9f4affc4fbd5218f2e8cc3c9dd97e8ac6f9d": (
+        "kek_2k_ca_2023",
+        "Microsoft Corporation KEK 2K CA 2023",
+        "KEK",
+    ),
+    "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507": (
+        "uefi_ca_2011",
+        "Microsoft Corporation UEFI CA 2011",
+        "db",
+    ),
+    "f6124e34125bee3fe6d79a574eaa7b91c0e7bd9d929c1a321178efd611dad901": (
+        "uefi_ca_2023",
+        "Microsoft UEFI CA 2023",
+        "db",
+    ),
+    "e5be3e64c6e66a281457ecdece0d6d0787577aad2a3a0144262c10c14ba8d8f1": (
+        "option_rom_uefi_ca_2023",
+        "Microsoft Option ROM UEFI CA 2023",
+        "db",
+    ),
+    "e8e95f0733a55e8bad7be0a1413ee23c51fcea64b3c8fa6a786935fddcc71961": (
+        "windows_production_pca_2011",
+        "Microsoft Windows Production PCA 2011",
+        "db",
+    ),
+    "076f1fea90ac29155ebf77c17682f75f1fdd1be196da302dc8461e350a9ae330": (
+        "windows_uefi_ca_2023",
+        "Windows UEFI CA 2023",
+        "db",
+    ),
 }
 # Certificates whose private keys are public: AMI's "DO NOT TRUST" (PKfail), Debian's
 # OVMF snakeoil keys.
@@ -58,7 +79,8 @@ PCR7_WARNING = (
     "Changing KEK or db changes the TPM's PCR 7: before the update, suspend BitLocker on any "
     "Windows installation (manage-bde -protectors -disable C:), and after it reseal "
     "TPM-sealed LUKS keys (systemd-cryptenroll --wipe-slot=tpm2 --tpm2-device=auto "
-    "--tpm2-pcrs=7 DEVICE) or keep a recovery passphrase at hand.")
+    "--tpm2-pcrs=7 DEVICE) or keep a recovery passphrase at hand."
+)
 
 
 # --- certificates ----------------------------------------------------------------------------
@@ -76,16 +98,24 @@ def common_name(name: x509.Name) -> str:
     return name.rfc4514_string()
 
 
-def describe_cert(cert: x509.Certificate, now: datetime.datetime,
-                  known: Dict[str, Tuple[str, str, str]], owner: Optional[str] = None) -> dict:
+def describe_cert(
+    cert: x509.Certificate,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+    owner: Optional[str] = None,
+) -> dict:
     """The JSON form of one certificate, with Microsoft CAs identified by fingerprint."""
     sha256 = efi.fingerprint(cert)
     not_before, not_after = efi.validity(cert)
     ca = known.get(sha256)
     subject = cert.subject.rfc4514_string()
-    claims = bool(CLAIMS_MICROSOFT.search(common_name(cert.subject))
-                  or any(CLAIMS_MICROSOFT.search(str(a.value))
-                         for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)))
+    claims = bool(
+        CLAIMS_MICROSOFT.search(common_name(cert.subject))
+        or any(
+            CLAIMS_MICROSOFT.search(str(a.value))
+            for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        )
+    )
     return {
         "subject": subject,
         "subject_cn": common_name(cert.subject),
@@ -99,21 +129,29 @@ def describe_cert(cert: x509.Certificate, now: datetime.datetime,
         "owner": owner,
         "microsoft_ca": ca[0] if ca else None,
         "lookalike": claims and ca is None,
-        "test_key": bool(TEST_KEY.search(subject)
-                         or TEST_KEY.search(cert.issuer.rfc4514_string())),
+        "test_key": bool(
+            TEST_KEY.search(subject) or TEST_KEY.search(cert.issuer.rfc4514_string())
+        ),
     }
 
 
-def describe_database(variable: Optional[efi.Variable], source: str, now: datetime.datetime,
-                      known: Dict[str, Tuple[str, str, str]]) -> Optional[dict]:
+def describe_database(
+    variable: Optional[efi.Variable],
+    source: str,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> Optional[dict]:
     if variable is None:
         return None
     entries = efi.parse_signature_lists(variable.data, f"{source}: {variable.name}")
     return {
         "attributes": variable.attributes,
         "certificates": [describe_cert(e.cert, now, known, e.owner) for e in entries if e.cert],
-        "hashes": [{"type": e.kind, "owner": e.owner, "value": e.data.hex()}
-                   for e in entries if e.cert is None],
+        "hashes": [
+            {"type": e.kind, "owner": e.owner, "value": e.data.hex()}
+            for e in entries
+            if e.cert is None
+        ],
         "_entries": entries,  # removed before output
     }
 
@@ -131,8 +169,12 @@ def default_shims(root: Path) -> List[Path]:
     return found
 
 
-def check_shim(image: efi.PeImage, databases: Dict[str, Optional[dict]],
-               now: datetime.datetime, known: Dict[str, Tuple[str, str, str]]) -> dict:
+def check_shim(
+    image: efi.PeImage,
+    databases: Dict[str, Optional[dict]],
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> dict:
     """Whether the firmware's db/dbx accept the image, signature by signature.
 
     As shim-signed's preinst and edk2 decide: a signature counts when a db certificate is
@@ -152,22 +194,25 @@ def check_shim(image: efi.PeImage, databases: Dict[str, Optional[dict]],
         for cert in sig.certs:
             fp = efi.fingerprint(cert)
             tbs = hashlib.sha256(cert.tbs_certificate_bytes).hexdigest()
-            if fp in dbx_certs or any(kind == "x509_sha256" and value.startswith(tbs)
-                                      for kind, value in dbx_hashes):
+            if fp in dbx_certs or any(
+                kind == "x509_sha256" and value.startswith(tbs) for kind, value in dbx_hashes
+            ):
                 revoked_by.append(common_name(cert.subject))
             for anchor in db_certs:
                 if efi.fingerprint(anchor) == fp or efi.issued_by(cert, anchor):
                     name = common_name(anchor.subject)
                     if name not in anchors:
                         anchors.append(name)
-        signatures.append({
-            "index": sig.index,
-            "certificates": [describe_cert(c, now, known) for c in sig.certs],
-            "digest_matches": sig.digest_found,
-            "chains_to_db": anchors,
-            "revoked_by_dbx": revoked_by,
-            "accepted": bool(anchors) and not revoked_by and sig.digest_found,
-        })
+        signatures.append(
+            {
+                "index": sig.index,
+                "certificates": [describe_cert(c, now, known) for c in sig.certs],
+                "digest_matches": sig.digest_found,
+                "chains_to_db": anchors,
+                "revoked_by_dbx": revoked_by,
+                "accepted": bool(anchors) and not revoked_by and sig.digest_found,
+            }
+        )
     return {
         "path": image.path,
         "authenticode_sha256": image.sha256,
@@ -187,8 +232,9 @@ def fwupd_status(root: Path = Path("/")) -> dict:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for section in apt_pkg.TagFile(handle):
-                if section.get("Package") == "fwupd" and \
-                        section.get("Status", "").endswith(" installed"):
+                if section.get("Package") == "fwupd" and section.get("Status", "").endswith(
+                    " installed"
+                ):
                     version = section.get("Version")
     except FileNotFoundError:
         pass
@@ -212,8 +258,11 @@ def presence(databases: Dict[str, Optional[dict]], known) -> Dict[str, dict]:
         row = {"name": name, "belongs_in": home, "sha256": sha256}
         for var in ("KEK", "db", "dbx", "KEKDefault", "dbDefault"):
             database = databases.get(var)
-            row[f"in_{var.lower()}"] = None if database is None else any(
-                c["sha256"] == sha256 for c in database["certificates"])
+            row[f"in_{var.lower()}"] = (
+                None
+                if database is None
+                else any(c["sha256"] == sha256 for c in database["certificates"])
+            )
         table[ca_id] = row
     return table
 
@@ -241,68 +290,107 @@ def assess(report: dict, known) -> None:
         for cert in (dbs[var] or {}).get("certificates", []):
             if cert["lookalike"]:
                 severity = "info" if var == "dbx" else "action"
-                findings.append(finding(
-                    "lookalike", severity,
-                    f"{var}: '{cert['subject_cn']}' claims to be Microsoft's but its SHA-256 "
-                    f"fingerprint {cert['sha256'][:16]}... is not a known Microsoft CA"))
+                findings.append(
+                    finding(
+                        "lookalike",
+                        severity,
+                        f"{var}: '{cert['subject_cn']}' claims to be Microsoft's but its SHA-256 "
+                        f"fingerprint {cert['sha256'][:16]}... is not a known Microsoft CA",
+                    )
+                )
                 if severity == "action":
-                    steps.append(f"Find out who enrolled the look-alike '{cert['subject_cn']}' in "
-                                 f"{var} and remove it (a firmware update or 'restore factory "
-                                 "keys' from the machine maker).")
+                    steps.append(
+                        f"Find out who enrolled the look-alike '{cert['subject_cn']}' in "
+                        f"{var} and remove it (a firmware update or 'restore factory "
+                        "keys' from the machine maker)."
+                    )
             if cert["test_key"] and var in ("PK", "KEK", "db"):
                 test_keys.setdefault(cert["subject_cn"], []).append(var)
     for name, where in test_keys.items():
-        findings.append(finding(
-            "test-key", "warning",
-            f"{', '.join(where)}: '{name}' is a publicly known test key: whoever has its "
-            "private key can change the Secure Boot keys"))
+        findings.append(
+            finding(
+                "test-key",
+                "warning",
+                f"{', '.join(where)}: '{name}' is a publicly known test key: whoever has its "
+                "private key can change the Secure Boot keys",
+            )
+        )
 
     if report["setup_mode"]:
-        findings.append(finding("setup-mode", "warning",
-                                "the firmware is in Setup Mode: anyone can enrol keys"))
+        findings.append(
+            finding(
+                "setup-mode", "warning", "the firmware is in Setup Mode: anyone can enrol keys"
+            )
+        )
 
     kek_missing = managed and not has("kek_2k_ca_2023", "KEK")
     db_missing = managed and not has("uefi_ca_2023", "db")
     if kek_missing:
-        findings.append(finding(
-            "kek-2023-missing", "action",
-            "KEK lacks Microsoft Corporation KEK 2K CA 2023: no db or dbx update signed "
-            "after KEK CA 2011 expires (2026-06-24) can be applied"))
+        findings.append(
+            finding(
+                "kek-2023-missing",
+                "action",
+                "KEK lacks Microsoft Corporation KEK 2K CA 2023: no db or dbx update signed "
+                "after KEK CA 2011 expires (2026-06-24) can be applied",
+            )
+        )
     if db_missing:
-        findings.append(finding(
-            "db-uefi-ca-2023-missing", "action",
-            "db lacks Microsoft UEFI CA 2023: shims and option ROMs signed only by it "
-            "will not boot"))
+        findings.append(
+            finding(
+                "db-uefi-ca-2023-missing",
+                "action",
+                "db lacks Microsoft UEFI CA 2023: shims and option ROMs signed only by it "
+                "will not boot",
+            )
+        )
     if has("uefi_ca_2023", "dbx") or has("kek_2k_ca_2023", "dbx"):
-        findings.append(finding("ca-2023-revoked", "action",
-                                "dbx revokes a 2023 Microsoft CA"))
-    if managed and has("windows_production_pca_2011", "db") and \
-            not has("windows_uefi_ca_2023", "db"):
-        findings.append(finding(
-            "db-windows-uefi-ca-2023-missing", "info",
-            "db lacks Windows UEFI CA 2023 (matters only for Windows boot managers)"))
+        findings.append(finding("ca-2023-revoked", "action", "dbx revokes a 2023 Microsoft CA"))
+    if (
+        managed
+        and has("windows_production_pca_2011", "db")
+        and not has("windows_uefi_ca_2023", "db")
+    ):
+        findings.append(
+            finding(
+                "db-windows-uefi-ca-2023-missing",
+                "info",
+                "db lacks Windows UEFI CA 2023 (matters only for Windows boot managers)",
+            )
+        )
     if managed and has("uefi_ca_2011", "db") and not has("option_rom_uefi_ca_2023", "db"):
-        findings.append(finding(
-            "db-option-rom-ca-2023-missing", "info",
-            "db lacks Microsoft Option ROM UEFI CA 2023 (add-in cards whose firmware is "
-            "signed only by it will not initialise)"))
+        findings.append(
+            finding(
+                "db-option-rom-ca-2023-missing",
+                "info",
+                "db lacks Microsoft Option ROM UEFI CA 2023 (add-in cards whose firmware is "
+                "signed only by it will not initialise)",
+            )
+        )
     for var in ("KEK", "db"):
         for cert in (dbs[var] or {}).get("certificates", []):
             if cert["microsoft_ca"] and cert["expired"]:
-                findings.append(finding(
-                    "expired", "info",
-                    f"{var}: {cert['subject_cn']} expired on {cert['not_after'][:10]} "
-                    "(firmware does not check expiry: this alone breaks nothing)"))
+                findings.append(
+                    finding(
+                        "expired",
+                        "info",
+                        f"{var}: {cert['subject_cn']} expired on {cert['not_after'][:10]} "
+                        "(firmware does not check expiry: this alone breaks nothing)",
+                    )
+                )
     lacking_defaults = []
     if managed:
         for var, ca_id in (("KEKDefault", "kek_2k_ca_2023"), ("dbDefault", "uefi_ca_2023")):
             if dbs[var] is not None and not has(ca_id, var):
                 lacking_defaults.append(f"{var} lacks {known_name(known, ca_id)}")
     if lacking_defaults:
-        findings.append(finding(
-            "defaults-lack-2023", "warning",
-            "; ".join(lacking_defaults) + ": 'restore factory keys' in the firmware setup "
-            "would drop the 2023 certificates again"))
+        findings.append(
+            finding(
+                "defaults-lack-2023",
+                "warning",
+                "; ".join(lacking_defaults) + ": 'restore factory keys' in the firmware setup "
+                "would drop the 2023 certificates again",
+            )
+        )
 
     for shim in report["shims"] if report["secure_boot_active"] else []:
         if not shim["accepted"]:
@@ -317,45 +405,73 @@ def assess(report: dict, known) -> None:
                 why = "dbx revokes the certificates its signatures chain to"
             else:
                 why = "no signature chains to a certificate in db"
-            findings.append(finding(
-                "shim-not-accepted", "action" if managed else "warning",
-                f"{shim['path']} would not boot with this firmware: {why}"))
-        elif managed and not any("2023" in name for sig in shim["signatures"]
-                                 if sig["accepted"] for name in sig["chains_to_db"]):
-            findings.append(finding(
-                "shim-2011-only", "info",
-                f"{shim['path']} boots only through Microsoft Corporation UEFI CA 2011"))
+            findings.append(
+                finding(
+                    "shim-not-accepted",
+                    "action" if managed else "warning",
+                    f"{shim['path']} would not boot with this firmware: {why}",
+                )
+            )
+        elif managed and not any(
+            "2023" in name
+            for sig in shim["signatures"]
+            if sig["accepted"]
+            for name in sig["chains_to_db"]
+        ):
+            findings.append(
+                finding(
+                    "shim-2011-only",
+                    "info",
+                    f"{shim['path']} boots only through Microsoft Corporation UEFI CA 2011",
+                )
+            )
 
     fwupd = report["fwupd"]
     if kek_missing or db_missing:
         if report["source"]["kind"] == "varstore":
-            steps.append("For this virtual machine: update the ovmf package and recreate the "
-                         "VM's NVRAM from a template that holds the 2023 certificates, or run "
-                         "fwupd inside the VM.")
+            steps.append(
+                "For this virtual machine: update the ovmf package and recreate the "
+                "VM's NVRAM from a template that holds the 2023 certificates, or run "
+                "fwupd inside the VM."
+            )
         if not fwupd["installed"]:
             steps.append(f"Install fwupd {FWUPD_MINIMUM} or later: apt install fwupd")
         elif not fwupd["recent_enough"]:
-            steps.append(f"Upgrade fwupd ({fwupd['version']}) to {FWUPD_MINIMUM} or later: "
-                         "apt install fwupd")
-        steps.append("Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
-                     "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database').")
+            steps.append(
+                f"Upgrade fwupd ({fwupd['version']}) to {FWUPD_MINIMUM} or later: "
+                "apt install fwupd"
+            )
+        steps.append(
+            "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
+            "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database')."
+        )
         if kek_missing:
-            steps.append("The KEK update must be signed by the machine maker's platform key: "
-                         "if LVFS offers none for this machine, install the maker's firmware "
-                         "(BIOS) update; enrolling by hand (efitools) is the last resort.")
+            steps.append(
+                "The KEK update must be signed by the machine maker's platform key: "
+                "if LVFS offers none for this machine, install the maker's firmware "
+                "(BIOS) update; enrolling by hand (efitools) is the last resort."
+            )
         if db_missing and has("kek_ca_2011", "KEK"):
-            steps.append("The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
-                         "which this machine has: it can be applied now.")
+            steps.append(
+                "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
+                "which this machine has: it can be applied now."
+            )
         steps.append(PCR7_WARNING)
     if lacking_defaults:
-        steps.append("Do not use 'restore factory keys' in the firmware setup until a "
-                     "firmware update from the maker brings 2023 defaults.")
+        steps.append(
+            "Do not use 'restore factory keys' in the firmware setup until a "
+            "firmware update from the maker brings 2023 defaults."
+        )
     if any(f["code"] == "shim-not-accepted" and f["severity"] == "action" for f in findings):
-        steps.append("Do not reboot into the new shim before db holds a CA it chains to "
-                     "(Microsoft UEFI CA 2023 or 2011).")
+        steps.append(
+            "Do not reboot into the new shim before db holds a CA it chains to "
+            "(Microsoft UEFI CA 2023 or 2011)."
+        )
     if any(f["code"] == "test-key" for f in findings):
-        steps.append("Ask the machine maker for a firmware update with a real platform key, "
-                     "or enrol your own PK, KEK and db.")
+        steps.append(
+            "Ask the machine maker for a firmware update with a real platform key, "
+            "or enrol your own PK, KEK and db."
+        )
 
     report["findings"] = findings
     report["next_steps"] = steps
@@ -371,12 +487,20 @@ def known_name(known, ca_id: str) -> str:
     return next(name for (i, name, _home) in known.values() if i == ca_id)
 
 
-def build_report(kind: str, path: str, variables: Dict[str, efi.Variable],
-                 shims: Sequence[Path], root: Path, now: datetime.datetime,
-                 known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS) -> dict:
+def build_report(
+    kind: str,
+    path: str,
+    variables: Dict[str, efi.Variable],
+    shims: Sequence[Path],
+    root: Path,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS,
+) -> dict:
     """The report for one set of firmware variables (efivarfs or a varstore)."""
-    databases = {name: describe_database(variables.get(name), path, now, known)
-                 for name in efi.SIGNATURE_DATABASES}
+    databases = {
+        name: describe_database(variables.get(name), path, now, known)
+        for name in efi.SIGNATURE_DATABASES
+    }
     pk = databases["PK"]
     pk_enrolled = bool(pk and pk["certificates"])
     if kind == "varstore":
@@ -392,8 +516,9 @@ def build_report(kind: str, path: str, variables: Dict[str, efi.Variable],
         "setup_mode": setup_mode,
         "secure_boot_active": bool(secure_boot) and not setup_mode,
         "pk_owner": pk["certificates"][0]["subject_cn"] if pk_enrolled else None,
-        "variables": {name: databases[name] for name in
-                      ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")},
+        "variables": {
+            name: databases[name] for name in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
+        },
         "microsoft_cas": presence(databases, known),
         "shims": [check_shim(image, databases, now, known) for image in images],
         "fwupd": fwupd_status(root),
@@ -425,10 +550,14 @@ def render_text(report: dict, quiet: bool = False) -> str:
     src = report["source"]
     lines.append(f"== {src['path']} ({src['kind']})")
     if not quiet:
+
         def state(value):
             return {True: "on", False: "off", None: "unknown"}[value]
-        lines.append(f"Secure Boot: {state(report['secure_boot'])}, "
-                     f"Setup Mode: {state(report['setup_mode'])}")
+
+        lines.append(
+            f"Secure Boot: {state(report['secure_boot'])}, "
+            f"Setup Mode: {state(report['setup_mode'])}"
+        )
         lines.append(f"PK owner: {report['pk_owner'] or 'none enrolled'}")
         for name, database in report["variables"].items():
             if database is None:
@@ -438,34 +567,46 @@ def render_text(report: dict, quiet: bool = False) -> str:
             lines.append(f"{name}: {len(certs)} certificate(s), {len(hashes)} hash(es)")
             lines.extend(f"  {cert_line(c)}" for c in certs)
         for shim in report["shims"]:
-            lines.append(f"shim {shim['path']}: "
-                         f"{'accepted' if shim['accepted'] else 'NOT accepted'} by this firmware")
+            lines.append(
+                f"shim {shim['path']}: "
+                f"{'accepted' if shim['accepted'] else 'NOT accepted'} by this firmware"
+            )
             for sig in shim["signatures"]:
                 chain = " <- ".join(c["subject_cn"] for c in sig["certificates"])
                 anchors = ", ".join(sig["chains_to_db"]) or "no db certificate"
-                revoked = (f", revoked by dbx ({', '.join(sig['revoked_by_dbx'])})"
-                           if sig["revoked_by_dbx"] else "")
+                revoked = (
+                    f", revoked by dbx ({', '.join(sig['revoked_by_dbx'])})"
+                    if sig["revoked_by_dbx"]
+                    else ""
+                )
                 covers = "" if sig["digest_matches"] else ", does NOT cover this image"
-                lines.append(f"  signature {sig['index']}: {chain}: chains to {anchors}"
-                             f"{revoked}{covers}")
+                lines.append(
+                    f"  signature {sig['index']}: {chain}: chains to {anchors}"
+                    f"{revoked}{covers}"
+                )
         fw = report["fwupd"]
-        lines.append("fwupd: " + (f"{fw['version']} installed" if fw["installed"]
-                                  else "not installed")
-                     + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)"))
+        lines.append(
+            "fwupd: "
+            + (f"{fw['version']} installed" if fw["installed"] else "not installed")
+            + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)")
+        )
     if report["findings"]:
         lines.append("Findings:")
         lines.extend(f"  {f['severity'].upper()}: {f['message']}" for f in report["findings"])
     if report["next_steps"] and not quiet:
         lines.append("Next steps:")
         lines.extend(f"  {n}. {step}" for n, step in enumerate(report["next_steps"], 1))
-    verdict = {"ok": "ok, nothing to do", "action-needed": "action needed",
-               "not-applicable": "not applicable (Secure Boot is not active)"}
+    verdict = {
+        "ok": "ok, nothing to do",
+        "action-needed": "action needed",
+        "not-applicable": "not applicable (Secure Boot is not active)",
+    }
     lines.append(f"Verdict: {verdict[report['verdict']]}")
     return "\n".join(lines) + "\n"
 
 
 def prom_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def render_metrics(reports: List[dict], status: int, now: float) -> str:
@@ -479,23 +620,31 @@ def render_metrics(reports: List[dict], status: int, now: float) -> str:
         f"secureboot_ca_check_last_run_timestamp_seconds {now:.0f}",
     ]
     if reports:
-        out += ["# HELP secureboot_ca_check_secure_boot_active Whether Secure Boot enforces.",
-                "# TYPE secureboot_ca_check_secure_boot_active gauge",
-                "# HELP secureboot_ca_check_ca_present Whether a Microsoft CA is in the "
-                "variable it belongs in.",
-                "# TYPE secureboot_ca_check_ca_present gauge",
-                "# HELP secureboot_ca_check_action_needed Whether the source needs action.",
-                "# TYPE secureboot_ca_check_action_needed gauge"]
+        out += [
+            "# HELP secureboot_ca_check_secure_boot_active Whether Secure Boot enforces.",
+            "# TYPE secureboot_ca_check_secure_boot_active gauge",
+            "# HELP secureboot_ca_check_ca_present Whether a Microsoft CA is in the "
+            "variable it belongs in.",
+            "# TYPE secureboot_ca_check_ca_present gauge",
+            "# HELP secureboot_ca_check_action_needed Whether the source needs action.",
+            "# TYPE secureboot_ca_check_action_needed gauge",
+        ]
     for report in reports:
         src = f'source="{prom_escape(report["source"]["path"])}"'
-        out.append(f"secureboot_ca_check_secure_boot_active{{{src}}} "
-                   f"{int(report['secure_boot_active'])}")
-        out.append(f"secureboot_ca_check_action_needed{{{src}}} "
-                   f"{int(report['verdict'] == 'action-needed')}")
+        out.append(
+            f"secureboot_ca_check_secure_boot_active{{{src}}} "
+            f"{int(report['secure_boot_active'])}"
+        )
+        out.append(
+            f"secureboot_ca_check_action_needed{{{src}}} "
+            f"{int(report['verdict'] == 'action-needed')}"
+        )
         for ca_id, row in report["microsoft_cas"].items():
             present = row[f"in_{row['belongs_in'].lower()}"]
-            out.append(f'secureboot_ca_check_ca_present{{{src},ca="{ca_id}",'
-                       f'variable="{row["belongs_in"]}"}} {int(bool(present))}')
+            out.append(
+                f'secureboot_ca_check_ca_present{{{src},ca="{ca_id}",'
+                f'variable="{row["belongs_in"]}"}} {int(bool(present))}'
+            )
     return "\n".join(out) + "\n"
 
 
@@ -516,8 +665,10 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
     if args.efivars or not args.varstore:
         directory = Path(args.efivars) if args.efivars else root / EFIVARS
         if not directory.is_dir():
-            raise NotApplicable(f"{directory} does not exist: this system did not boot "
-                                "with UEFI (or efivarfs is not mounted)")
+            raise NotApplicable(
+                f"{directory} does not exist: this system did not boot "
+                "with UEFI (or efivarfs is not mounted)"
+            )
         variables = efi.read_efivars(directory)
         shims = explicit_shims or default_shims(root)
         reports.append(build_report("efivars", str(directory), variables, shims, root, now))
@@ -566,22 +717,35 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 nothing to do, 1 action needed, 2 error, 3 not applicable",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--efivars", metavar="DIR",
-                        help="read variables from DIR in efivarfs format "
-                             "(default: /sys/firmware/efi/efivars)")
-    parser.add_argument("--varstore", metavar="FILE", action="append",
-                        help="read an OVMF/edk2 NVRAM file instead (repeatable, one report "
-                             "per file)")
-    parser.add_argument("--shim", metavar="FILE",
-                        help="check this signed shim (default on the host: "
-                             "/boot/efi/EFI/debian/shimx64.efi and "
-                             "/usr/lib/shim/shimx64.efi.signed)")
-    parser.add_argument("--root", default="/", metavar="DIR",
-                        help="look for efivars, shims and the dpkg status under DIR "
-                             "(default: /)")
-    parser.add_argument("--textfile-dir", metavar="DIR",
-                        help="also write a node_exporter textfile metric into DIR "
-                             "(an empty value means none)")
+    parser.add_argument(
+        "--efivars",
+        metavar="DIR",
+        help="read variables from DIR in efivarfs format " "(default: /sys/firmware/efi/efivars)",
+    )
+    parser.add_argument(
+        "--varstore",
+        metavar="FILE",
+        action="append",
+        help="read an OVMF/edk2 NVRAM file instead (repeatable, one report " "per file)",
+    )
+    parser.add_argument(
+        "--shim",
+        metavar="FILE",
+        help="check this signed shim (default on the host: "
+        "/boot/efi/EFI/debian/shimx64.efi and "
+        "/usr/lib/shim/shimx64.efi.signed)",
+    )
+    parser.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="look for efivars, shims and the dpkg status under DIR " "(default: /)",
+    )
+    parser.add_argument(
+        "--textfile-dir",
+        metavar="DIR",
+        help="also write a node_exporter textfile metric into DIR " "(an empty value means none)",
+    )
     parser.set_defaults(func=cmd_check)
     return parser
 

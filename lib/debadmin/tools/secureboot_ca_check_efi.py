@@ -33,8 +33,16 @@ VARIABLES: Dict[str, str] = {
     "dbDefault": GLOBAL_GUID,
     "dbxDefault": GLOBAL_GUID,
 }
-SIGNATURE_DATABASES = ("PK", "KEK", "db", "dbx", "PKDefault", "KEKDefault", "dbDefault",
-                       "dbxDefault")
+SIGNATURE_DATABASES = (
+    "PK",
+    "KEK",
+    "db",
+    "dbx",
+    "PKDefault",
+    "KEKDefault",
+    "dbDefault",
+    "dbxDefault",
+)
 AUTHENTICATED = ("PK", "KEK", "db", "dbx")
 
 # EFI variable attributes.
@@ -99,21 +107,25 @@ def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
             raise Error(f"{where}: unknown signature type {sig_type}")
         kind, fixed = SIGNATURE_TYPES[sig_type]
         if list_size > len(data) - offset:
-            raise Error(f"{where}: size {list_size} runs past the end of the data "
-                        f"({len(data) - offset} bytes left)")
+            raise Error(
+                f"{where}: size {list_size} runs past the end of the data "
+                f"({len(data) - offset} bytes left)"
+            )
         if header_size != 0:
             raise Error(f"{where}: header size {header_size} (must be 0 for {kind})")
         if sig_size <= 16 or (fixed is not None and sig_size != fixed):
             raise Error(f"{where}: signature size {sig_size} is wrong for {kind}")
         body = list_size - 28
         if body <= 0 or body % sig_size:
-            raise Error(f"{where}: list size {list_size} is not a whole number of "
-                        f"{sig_size}-byte signatures")
+            raise Error(
+                f"{where}: list size {list_size} is not a whole number of "
+                f"{sig_size}-byte signatures"
+            )
         start = offset + 28
         for index in range(body // sig_size):
             at = start + index * sig_size
-            owner = guid_str(data[at:at + 16])
-            payload = bytes(data[at + 16:at + sig_size])
+            owner = guid_str(data[at : at + 16])
+            payload = bytes(data[at + 16 : at + sig_size])
             entry = Entry(kind, owner, payload)
             if kind == "x509":
                 try:
@@ -123,8 +135,10 @@ def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
                         raise ValueError("the DER length does not match the entry")
                     entry.cert = load_certificate(payload[:length])
                 except Exception as exc:  # cryptography raises ValueError and friends
-                    raise Error(f"{where}: entry {index + 1} is not a DER X.509 "
-                                f"certificate ({exc.__class__.__name__})") from None
+                    raise Error(
+                        f"{where}: entry {index + 1} is not a DER X.509 "
+                        f"certificate ({exc.__class__.__name__})"
+                    ) from None
             entries.append(entry)
         offset += list_size
     return entries
@@ -148,8 +162,10 @@ def validity(cert: x509.Certificate) -> Tuple[datetime.datetime, datetime.dateti
     38 (bookworm) has.
     """
     if hasattr(cert, "not_valid_after_utc"):
-        return (cert.not_valid_before_utc.replace(tzinfo=None),
-                cert.not_valid_after_utc.replace(tzinfo=None))
+        return (
+            cert.not_valid_before_utc.replace(tzinfo=None),
+            cert.not_valid_after_utc.replace(tzinfo=None),
+        )
     return cert.not_valid_before, cert.not_valid_after
 
 
@@ -169,11 +185,15 @@ def check_attributes(name: str, attributes: int, source: str) -> None:
     if attributes & ~0xFF:
         raise Error(f"{source}: {name}: undefined attribute bits in 0x{attributes:08x}")
     if attributes & (ATTR_HW_ERROR | ATTR_AUTH_WRITE):
-        raise Error(f"{source}: {name}: attributes 0x{attributes:08x} are not those of a "
-                    "Secure Boot variable")
+        raise Error(
+            f"{source}: {name}: attributes 0x{attributes:08x} are not those of a "
+            "Secure Boot variable"
+        )
     if name in AUTHENTICATED and (attributes & ATTR_AUTHENTICATED_DB) != ATTR_AUTHENTICATED_DB:
-        raise Error(f"{source}: {name}: attributes 0x{attributes:08x} lack "
-                    "non-volatile, runtime or time-based authenticated access (0x27)")
+        raise Error(
+            f"{source}: {name}: attributes 0x{attributes:08x} lack "
+            "non-volatile, runtime or time-based authenticated access (0x27)"
+        )
     if not attributes & ATTR_BS:
         raise Error(f"{source}: {name}: attributes 0x{attributes:08x} lack boot-service access")
 
@@ -201,8 +221,10 @@ def read_efivars(directory: Path) -> Dict[str, Variable]:
 
 
 # edk2: MdePkg/Include/Pi/PiFirmwareVolume.h, MdeModulePkg/Include/Guid/VariableFormat.h
-FV_NV_GUIDS = ("fff12b8d-7696-4c8b-a985-2747075b4f50",  # EFI_SYSTEM_NV_DATA_FV_GUID
-               "8d1b55ed-bebf-40b7-8246-d8bd7d64edbb")  # EDKII_NV_STORAGE_FV (some builds)
+FV_NV_GUIDS = (
+    "fff12b8d-7696-4c8b-a985-2747075b4f50",  # EFI_SYSTEM_NV_DATA_FV_GUID
+    "8d1b55ed-bebf-40b7-8246-d8bd7d64edbb",
+)  # EDKII_NV_STORAGE_FV (some builds)
 AUTH_VARIABLE_GUID = "aaf32c78-947b-439a-a180-2e144ec37792"
 PLAIN_VARIABLE_GUID = "ddcf3616-3275-4164-98b6-fe85707ffe7d"
 VAR_START_ID = 0x55AA
@@ -220,15 +242,26 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     """
     if len(data) < 0x48:
         raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
-    fs_guid, fv_length, signature, _attrs, header_length, _cksum, _ext, _res, revision = \
-        struct.unpack_from("<16x16sQ4sIHHHBB", data, 0)
+    (
+        fs_guid,
+        fv_length,
+        signature,
+        _attrs,
+        header_length,
+        _cksum,
+        _ext,
+        _res,
+        revision,
+    ) = struct.unpack_from("<16x16sQ4sIHHHBB", data, 0)
     if signature != b"_FVH":
         raise Error(f"{source}: not an edk2 firmware volume (no _FVH signature)")
     if guid_str(fs_guid) not in FV_NV_GUIDS:
         raise Error(f"{source}: firmware volume {guid_str(fs_guid)} is not a variable store")
     if fv_length > len(data) or fv_length < header_length:
-        raise Error(f"{source}: firmware volume length {fv_length} does not fit the file "
-                    f"({len(data)} bytes)")
+        raise Error(
+            f"{source}: firmware volume length {fv_length} does not fit the file "
+            f"({len(data)} bytes)"
+        )
     if header_length < 0x48 or header_length % 2 or header_length + 28 > fv_length:
         raise Error(f"{source}: bad firmware volume header length {header_length}")
     if sum(struct.unpack_from(f"<{header_length // 2}H", data, 0)) & 0xFFFF:
@@ -236,7 +269,8 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     if revision != 2:
         raise Error(f"{source}: firmware volume revision {revision} (expected 2)")
     store_guid, store_size, store_format, store_state = struct.unpack_from(
-        "<16sIBB", data, header_length)
+        "<16sIBB", data, header_length
+    )
     store_guid = guid_str(store_guid)
     if store_guid == AUTH_VARIABLE_GUID:
         authenticated = True
@@ -245,8 +279,10 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     else:
         raise Error(f"{source}: unknown variable store signature {store_guid}")
     if store_format != STORE_FORMATTED or store_state != STORE_HEALTHY:
-        raise Error(f"{source}: variable store is not formatted and healthy "
-                    f"(format 0x{store_format:02x}, state 0x{store_state:02x})")
+        raise Error(
+            f"{source}: variable store is not formatted and healthy "
+            f"(format 0x{store_format:02x}, state 0x{store_state:02x})"
+        )
     if store_size < 28 or header_length + store_size > fv_length:
         raise Error(f"{source}: variable store size {store_size} exceeds the volume")
     end = header_length + store_size
@@ -259,14 +295,26 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         if start_id == 0xFFFF:
             break  # the erased rest of the store
         if start_id != VAR_START_ID:
-            raise Error(f"{source}: corrupt variable header at byte {offset} "
-                        f"(start 0x{start_id:04x})")
+            raise Error(
+                f"{source}: corrupt variable header at byte {offset} " f"(start 0x{start_id:04x})"
+            )
         if authenticated:
-            (_sid, state, _r, attributes, _count, _time, _pki, name_size, data_size,
-             vendor) = struct.unpack_from("<HBBIQ16sIII16s", data, offset)
+            (
+                _sid,
+                state,
+                _r,
+                attributes,
+                _count,
+                _time,
+                _pki,
+                name_size,
+                data_size,
+                vendor,
+            ) = struct.unpack_from("<HBBIQ16sIII16s", data, offset)
         else:
             _sid, state, _r, attributes, name_size, data_size, vendor = struct.unpack_from(
-                "<HBBIII16s", data, offset)
+                "<HBBIII16s", data, offset
+            )
         where = f"{source}: variable at byte {offset}"
         if name_size < 2 or name_size % 2 or name_size > 1024:
             raise Error(f"{where}: bad name size {name_size}")
@@ -284,8 +332,9 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         guid = guid_str(vendor)
         if state == VAR_ADDED and (name, guid) in wanted:
             check_attributes(name, attributes, source)
-            variables[name] = Variable(name, guid, attributes,
-                                       bytes(data[data_at:data_at + data_size]))
+            variables[name] = Variable(
+                name, guid, attributes, bytes(data[data_at : data_at + data_size])
+            )
         offset = (data_at + data_size + 3) & ~3
     else:
         if offset < end and data[offset:end].strip(b"\xff"):
@@ -310,8 +359,10 @@ def boolean_variable(variables: Dict[str, Variable], name: str, source: str) -> 
     if variable is None:
         return None
     if len(variable.data) != 1 or variable.data[0] > 1:
-        raise Error(f"{source}: {name}: expected one byte 0 or 1, got "
-                    f"{variable.data[:8].hex() or 'nothing'}")
+        raise Error(
+            f"{source}: {name}: expected one byte 0 or 1, got "
+            f"{variable.data[:8].hex() or 'nothing'}"
+        )
     return variable.data[0] == 1
 
 
@@ -344,7 +395,7 @@ def der_length(blob: bytes) -> int:
     count = first & 0x7F
     if count == 0 or count > 4 or len(blob) < 2 + count:
         raise ValueError("bad DER length")
-    return 2 + count + int.from_bytes(blob[2:2 + count], "big")
+    return 2 + count + int.from_bytes(blob[2 : 2 + count], "big")
 
 
 def parse_pe(data: bytes, source: str) -> PeImage:
@@ -352,7 +403,7 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     if len(data) < 0x40 or data[:2] != b"MZ":
         raise Error(f"{source}: not a PE image (no MZ header)")
     pe = struct.unpack_from("<I", data, 0x3C)[0]
-    if pe > len(data) - 24 or data[pe:pe + 4] != b"PE\0\0":
+    if pe > len(data) - 24 or data[pe : pe + 4] != b"PE\0\0":
         raise Error(f"{source}: not a PE image (no PE signature)")
     optional_size = struct.unpack_from("<H", data, pe + 20)[0]
     optional = pe + 24
@@ -374,19 +425,21 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     cert_offset, cert_size = struct.unpack_from("<II", data, security_entry)
     checksum_at = optional + 64
     if cert_size and (cert_offset < security_entry + 8 or cert_offset + cert_size > len(data)):
-        raise Error(f"{source}: certificate table ({cert_offset}+{cert_size}) lies outside "
-                    f"the file ({len(data)} bytes)")
+        raise Error(
+            f"{source}: certificate table ({cert_offset}+{cert_size}) lies outside "
+            f"the file ({len(data)} bytes)"
+        )
     # Authenticode digest: everything except the checksum, the security directory entry
     # and the certificate table itself (sbsign's and pesign's layout: the table is last).
     view = memoryview(data)  # no copies of a megabyte-sized image
     digest = hashlib.sha256()
     digest.update(view[:checksum_at])
-    digest.update(view[checksum_at + 4:security_entry])
+    digest.update(view[checksum_at + 4 : security_entry])
     if cert_size:
-        digest.update(view[security_entry + 8:cert_offset])
-        digest.update(view[cert_offset + cert_size:])
+        digest.update(view[security_entry + 8 : cert_offset])
+        digest.update(view[cert_offset + cert_size :])
     else:
-        digest.update(view[security_entry + 8:])
+        digest.update(view[security_entry + 8 :])
     image = PeImage(source, digest.hexdigest())
     raw_digest = digest.digest()
     offset = cert_offset
@@ -403,16 +456,17 @@ def parse_pe(data: bytes, source: str) -> PeImage:
             raise Error(f"{where}: unknown revision 0x{revision:04x}")
         if cert_type != 2:
             raise Error(f"{where}: type {cert_type} is not PKCS#7 SignedData (2)")
-        blob = data[offset + 8:offset + length]
+        blob = data[offset + 8 : offset + length]
         try:
-            blob = blob[:der_length(blob)]
+            blob = blob[: der_length(blob)]
             with warnings.catch_warnings():
                 # e.g. "negative serial number": hostile input must not print warnings.
                 warnings.simplefilter("ignore")
                 certs = pkcs7.load_der_pkcs7_certificates(bytes(blob))
         except Exception as exc:  # cryptography raises ValueError and friends
-            raise Error(f"{where}: not a PKCS#7 SignedData structure "
-                        f"({exc.__class__.__name__})") from None
+            raise Error(
+                f"{where}: not a PKCS#7 SignedData structure " f"({exc.__class__.__name__})"
+            ) from None
         image.signatures.append(Signature(index, list(certs), raw_digest in blob))
         offset += (length + 7) & ~7
     return image
@@ -439,11 +493,16 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     key = issuer.public_key()
     try:
         if isinstance(key, rsa.RSAPublicKey):
-            key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
-                       cert.signature_hash_algorithm)
+            key.verify(
+                cert.signature,
+                cert.tbs_certificate_bytes,
+                padding.PKCS1v15(),
+                cert.signature_hash_algorithm,
+            )
         elif isinstance(key, ec.EllipticCurvePublicKey):
-            key.verify(cert.signature, cert.tbs_certificate_bytes,
-                       ec.ECDSA(cert.signature_hash_algorithm))
+            key.verify(
+                cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+            )
         else:
             return False
     except Exception:  # InvalidSignature, unsupported algorithms
