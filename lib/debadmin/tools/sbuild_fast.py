@@ -229,10 +229,17 @@ def mmdebstrap_argv(recipe: Dict, output: str, mode: str) -> List[str]:
         argv.append(f"--customize-hook={EATMYDATA_HOOK}")
     argv.append(f"--customize-hook={CLEANUP_HOOK}")
     argv += ["--skip=cleanup/apt/lists", "--skip=cleanup/apt/cache"]
-    if log.getEffectiveLevel() > logging.DEBUG:
+    if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
         argv.append("--quiet")
     argv += [recipe["dist"], output, recipe["mirror"]]
     return argv
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return os.isatty(2)
+    except OSError:
+        return False
 
 
 _TERMINATING = False
@@ -460,7 +467,8 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool) -> Dict:
 
 def schroot_conf(recipe: Dict, directory: Path, aliases: Sequence[str]) -> str:
     lines = [
-        f"# Written by sbuild-fast; 'sbuild-fast remove {recipe['dist']}' removes it.",
+        f"# Written by sbuild-fast; 'sbuild-fast remove --mode schroot {recipe['dist']}'"
+        " removes it.",
         f"[{recipe['name']}-sbuild-fast]",
         f"description=Debian {recipe['dist']}/{recipe['arch']} by sbuild-fast",
         "type=directory",

@@ -28,8 +28,16 @@ as_user() {
         LOGNAME="$SBF_USER" PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 "$@")
 }
 
-# sbf_user_pids: every process of the test user (the test made the user: they are ours).
-sbf_user_pids() { pgrep -u "$SBF_USER" || true; }
+# sbf_user_pids: every process of the test user and of its subordinate ids (what
+# mmdebstrap and sbuild run inside their user namespaces): the test made the user,
+# so they are all ours.
+sbf_user_pids() {
+    local uid first=0 count=0
+    uid=$(id -u "$SBF_USER" 2>/dev/null) || return 0
+    IFS=: read -r _ first count < <(grep "^$SBF_USER:" /etc/subuid | head -n1) || true
+    ps -e -o pid=,uid= | awk -v u="$uid" -v f="$first" -v c="$count" \
+        '$2 == u || (c > 0 && $2 >= f && $2 < f + c) {print $1}'
+}
 
 sbf_kill_user_procs() {
     local pids
@@ -81,7 +89,7 @@ sbf_remove_mmdebstrap_leftovers() {
         [ -d "$dir" ] || continue
         owner=$(stat -c %u "$dir")
         if [ "$owner" = "$uid" ] || { [ "$owner" -ge "$first" ] && [ "$owner" -lt $((first + count)) ]; }; then
-            rm -rf --one-file-system "$dir"
+            rm -rf --one-file-system "$dir" || true
         fi
     done
 }
