@@ -25,7 +25,7 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 # What the integration tests use, per tool.
 TEST_DEPENDS := systemd-container
 TEST_DEPENDS += acl
-TEST_DEPENDS += sbuild mmdebstrap uidmap btrfs-progs systemd passwd
+TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f

@@ -421,3 +421,27 @@ def test_doctor_finds_everything_else(tmp_path, monkeypatch):
                                                   "bookworm-amd64.tar.gz"))
     assert kinds(findings) == ["competing-file", "man-db", "no-eatmydata", "old-chroot",
                                "shadowed", "sync-mount", "unpack-not-tmpfs"]
+
+
+def test_doctor_schroot_directory(tmp_path, monkeypatch):
+    chroot = tmp_path / "srv/bookworm-amd64"
+    for rel in ("usr/bin/dh", "usr/bin/fakeroot", "usr/bin/eatmydata",
+                "var/lib/man-db/auto-update"):
+        (chroot / rel).parent.mkdir(parents=True, exist_ok=True)
+        (chroot / rel).touch()
+    conf = tmp_path / sf.SCHROOT_CONF_DIR / "sbuild-fast-bookworm-amd64"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(sf.schroot_conf(dict(RECIPE, eatmydata=False), chroot, []))
+    monkeypatch.setattr(sf, "fs_of", lambda path: ("ext4", "rw"))
+    user = sf.pwd.getpwuid(os.getuid()).pw_name
+    for kind in ("subuid", "subgid"):
+        (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
+    state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
+    findings, facts = sf.doctor_findings(tmp_path / "cache", {"chroot_mode": "schroot"}, [],
+                                         [state], "0.85.0", time.time(), root=tmp_path)
+    assert kinds(findings) == ["man-db", "no-eatmydata"]
+    conf.write_text(sf.schroot_conf(RECIPE, chroot, ["bookworm-amd64-sbuild"]))
+    (chroot / "var/lib/man-db/auto-update").unlink()
+    findings, facts = sf.doctor_findings(tmp_path / "cache", {"chroot_mode": "schroot"}, [],
+                                         [state], "0.85.0", time.time(), root=tmp_path)
+    assert findings == [] and facts["chroots"][0]["content"]["command_prefix_eatmydata"]

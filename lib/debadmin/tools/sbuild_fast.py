@@ -797,6 +797,23 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
     return found
 
 
+def inspect_directory(path: Path, conf: Path) -> Dict[str, bool]:
+    """What a schroot-mode chroot holds, and whether schroot prefixes commands with eatmydata."""
+    try:
+        conf_text = conf.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        conf_text = ""
+    return {
+        "debhelper": (path / "usr/bin/dh").exists(),
+        "fakeroot": (path / "usr/bin/fakeroot").exists(),
+        "eatmydata": (path / "usr/bin/eatmydata").exists(),
+        "command_prefix_eatmydata": bool(re.search(r"^command-prefix=eatmydata\b", conf_text,
+                                                   re.M)),
+        "mandb_auto_update": (path / "var/lib/man-db/auto-update").exists(),
+        "marker": (path / MARKER.lstrip("/")).exists(),
+    }
+
+
 def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequence[Path],
                     states: List[Dict], sbuild_ver: Optional[str], now: float,
                     root: Path = Path("/"), inspect: bool = True) -> Tuple[List[Dict], Dict]:
@@ -858,6 +875,21 @@ def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequenc
                 if content["mandb_auto_update"]:
                     add("man-db", f"man-db rebuilds its database in every build from "
                         f"{info['path']}", info["path"])
+        elif state["mode"] == "schroot" and inspect:
+            content = inspect_directory(Path(info["path"]),
+                                        root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}")
+            info["content"] = content
+            for key in ("debhelper", "fakeroot"):
+                if not content[key]:
+                    add("not-preinstalled", f"{key} is missing from {info['path']}",
+                        info["path"])
+            if state.get("eatmydata", True) and not (content["eatmydata"]
+                                                     and content["command_prefix_eatmydata"]):
+                add("no-eatmydata", f"schroot does not run {info['name']}-sbuild-fast under "
+                    "eatmydata", info["path"])
+            if content["mandb_auto_update"]:
+                add("man-db", f"man-db rebuilds its database in every build in {info['path']}",
+                    info["path"])
     # Filesystems builds write to: the unpack dir, the build dir, the chroot store.
     template = config.get("unshare_tmpdir_template") or "/tmp/tmp.sbuild.XXXXXXXXXX"
     unpack_dir = root / Path(template).parent.relative_to("/")
