@@ -57,12 +57,19 @@ def test_host_codename_missing(tmp_path):
         sf.host_codename(tmp_path)
 
 
-@pytest.mark.parametrize("func,value", [
-    (sf.validate_dist, "../etc"), (sf.validate_dist, "bookworm-backports"),
-    (sf.validate_dist, ""), (sf.validate_dist, "Bookworm"),
-    (sf.validate_arch, "amd64;rm"), (sf.validate_mirror, "ftp://x/debian"),
-    (sf.validate_mirror, "http://x/debian bookworm"), (sf.validate_mirror, "http://x/'$(id)'"),
-])
+@pytest.mark.parametrize(
+    "func,value",
+    [
+        (sf.validate_dist, "../etc"),
+        (sf.validate_dist, "bookworm-backports"),
+        (sf.validate_dist, ""),
+        (sf.validate_dist, "Bookworm"),
+        (sf.validate_arch, "amd64;rm"),
+        (sf.validate_mirror, "ftp://x/debian"),
+        (sf.validate_mirror, "http://x/debian bookworm"),
+        (sf.validate_mirror, "http://x/'$(id)'"),
+    ],
+)
 def test_bad_names_rejected(func, value):
     with pytest.raises(Error):
         func(value)
@@ -70,7 +77,9 @@ def test_bad_names_rejected(func, value):
 
 def test_parse_include():
     assert sf.parse_include(["dh-python,python3-all", "dh-python", " "]) == [
-        "dh-python", "python3-all"]
+        "dh-python",
+        "python3-all",
+    ]
     with pytest.raises(Error):
         sf.parse_include(["ok,--option"])
     with pytest.raises(Error):
@@ -84,13 +93,16 @@ def test_read_subids():
     assert sf.read_subids(DATA / "nonexistent", "alice", 1000) == 0
 
 
-@pytest.mark.parametrize("options,level", [
-    ("rw,relatime,compress=zstd:15,space_cache=v2", 15),
-    ("rw,compress-force=zstd:3", 3),
-    ("rw,compress=zstd", 3),
-    ("rw,compress=lzo", None),
-    ("rw,relatime", None),
-])
+@pytest.mark.parametrize(
+    "options,level",
+    [
+        ("rw,relatime,compress=zstd:15,space_cache=v2", 15),
+        ("rw,compress-force=zstd:3", 3),
+        ("rw,compress=zstd", 3),
+        ("rw,compress=lzo", None),
+        ("rw,relatime", None),
+    ],
+)
 def test_zstd_level(options, level):
     assert sf.zstd_level(options) == level
 
@@ -98,9 +110,16 @@ def test_zstd_level(options, level):
 # --- the recipe ----------------------------------------------------------------------------
 
 
-RECIPE = {"name": "bookworm-amd64", "dist": "bookworm", "arch": "amd64",
-          "mirror": "http://deb.debian.org/debian", "include": ["dh-python"],
-          "keep_docs": False, "eatmydata": True, "mode": "unshare"}
+RECIPE = {
+    "name": "bookworm-amd64",
+    "dist": "bookworm",
+    "arch": "amd64",
+    "mirror": "http://deb.debian.org/debian",
+    "include": ["dh-python"],
+    "keep_docs": False,
+    "eatmydata": True,
+    "mode": "unshare",
+}
 
 
 def test_mmdebstrap_argv():
@@ -168,13 +187,20 @@ def test_merge_config_no_trailing_newline():
 
 
 def test_matching_files_like_sbuild(tmp_path):
-    for name in ("bookworm-amd64.tar", "bookworm-amd64.tar.zst", "bookworm-amd64-sbuild.tar",
-                 "bookworm-amd64x.tar", "xbookworm-amd64.tar"):
+    for name in (
+        "bookworm-amd64.tar",
+        "bookworm-amd64.tar.zst",
+        "bookworm-amd64-sbuild.tar",
+        "bookworm-amd64x.tar",
+        "xbookworm-amd64.tar",
+    ):
         (tmp_path / name).touch()
     (tmp_path / ".sbuild-fast").mkdir()
     (tmp_path / ".sbuild-fast/bookworm-amd64.tar").touch()
     assert sf.matching_files(tmp_path, "bookworm-amd64") == [
-        "bookworm-amd64.tar", "bookworm-amd64.tar.zst"]
+        "bookworm-amd64.tar",
+        "bookworm-amd64.tar.zst",
+    ]
     assert sf.matching_files(tmp_path / "none", "bookworm-amd64") == []
     # The state directory itself matches no chroot name sbuild would list.
     assert not sf.SBUILD_NAME_RE.match(sf.STATE_SUBDIR)
@@ -191,14 +217,24 @@ def fake_mmdebstrap(content=b"new tarball"):
         out = Path(argv[-2])
         assert out.parent.parent.name == sf.STATE_SUBDIR  # built outside sbuild's view
         out.write_bytes(content)
+
     return run, calls
 
 
 def test_create_places_tarball_and_state(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
-    rc = sf.main(["create", "--dist", "bookworm", "--include", "dh-python",
-                  "--mirror", "http://deb.debian.org/debian"])
+    rc = sf.main(
+        [
+            "create",
+            "--dist",
+            "bookworm",
+            "--include",
+            "dh-python",
+            "--mirror",
+            "http://deb.debian.org/debian",
+        ]
+    )
     assert rc == 0
     cache = home / ".cache/sbuild"
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"new tarball"
@@ -227,6 +263,7 @@ def test_create_interrupted_keeps_old_tarball(home, monkeypatch):
     def interrupted(argv):
         Path(argv[-2]).write_bytes(b"half")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(sf, "run_mmdebstrap", interrupted)
     assert sf.main(["create", "--dist", "bookworm"]) == 130
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"old tarball"
@@ -237,6 +274,7 @@ def test_create_failure_is_one_line_error(home, monkeypatch, capsys):
     def failing(argv):
         Path(argv[-2]).write_bytes(b"half")
         raise Error("mmdebstrap failed with exit status 1")
+
     monkeypatch.setattr(sf, "run_mmdebstrap", failing)
     assert sf.main(["create", "--dist", "bookworm"]) == 2
     err = capsys.readouterr().err
@@ -263,15 +301,18 @@ def test_create_refuses_competing_file(home, monkeypatch, capsys):
     assert calls == [] and tree(cache) == ["bookworm-amd64.tar.zst"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["create", "--dist", "../../etc"],
-    ["create", "--dist", "bookworm", "--arch", "amd64/../x"],
-    ["create", "--dist", "bookworm", "--mirror", "http://x/ y"],
-    ["create", "--dist", "bookworm", "--include", "$(reboot)"],
-    ["create", "--dist", "bookworm", "--mode", "chroot"],
-    ["remove", "bookworm;rm"],
-    ["update", "sid/.."],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["create", "--dist", "../../etc"],
+        ["create", "--dist", "bookworm", "--arch", "amd64/../x"],
+        ["create", "--dist", "bookworm", "--mirror", "http://x/ y"],
+        ["create", "--dist", "bookworm", "--include", "$(reboot)"],
+        ["create", "--dist", "bookworm", "--mode", "chroot"],
+        ["remove", "bookworm;rm"],
+        ["update", "sid/.."],
+    ],
+)
 def test_bad_input_exit_2_nothing_written(home, monkeypatch, argv, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -298,8 +339,7 @@ def test_dry_run_touches_nothing(home, monkeypatch, capsys):
 def test_update_recreates_with_recorded_recipe(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
-    assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python",
-                    "--keep-docs"]) == 0
+    assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
     monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap(b"fresh")[0])
     assert sf.main(["update", "bookworm"]) == 0
     cache = home / ".cache/sbuild"
@@ -334,6 +374,7 @@ def test_list_and_remove(home, monkeypatch, capsys):
 
 def make_tar(path, eatmydata=True, mandb=False):
     with tarfile.open(path, "w") as tar:
+
         def add(name, data=b"", link=None):
             info = tarfile.TarInfo(name)
             if link:
@@ -341,14 +382,17 @@ def make_tar(path, eatmydata=True, mandb=False):
             else:
                 info.size = len(data)
             tar.addfile(info, io.BytesIO(data) if not link else None)
+
         add("./usr/bin/dh")
         add("./usr/bin/fakeroot")
         add("./etc/sbuild-fast", b"sbuild-fast 0.1.0\n")
         if eatmydata:
             add("./usr/bin/eatmydata")
             add("./usr/local/libexec/sbuild-fast/dpkg", link="/usr/bin/eatmydata")
-            add("./etc/apt/apt.conf.d/90sbuild-fast-eatmydata",
-                b'Dir::Bin::dpkg "/usr/local/libexec/sbuild-fast/dpkg";\n')
+            add(
+                "./etc/apt/apt.conf.d/90sbuild-fast-eatmydata",
+                b'Dir::Bin::dpkg "/usr/local/libexec/sbuild-fast/dpkg";\n',
+            )
         if mandb:
             add("./var/lib/man-db/auto-update")
 
@@ -380,12 +424,16 @@ def doctor(tmp_path, monkeypatch, fs, tar_kwargs=None, age_days=0.0, extra_files
     monkeypatch.setattr(sf, "fs_of", lambda path: fs.get(str(path), ("ext4", "rw,relatime")))
     monkeypatch.setattr(sf, "btrfs_property_compression", lambda path: None)
     now = time.time()
-    state = dict(RECIPE, path=str(cache / "bookworm-amd64.tar"),
-                 created=int(now - age_days * 86400))
-    config = {"chroot_mode": "unshare",
-              "unshare_tmpdir_template": "/dev/shm/tmp.sbuild.XXXXXXXXXX"}
-    return sf.doctor_findings(cache, config, [tmp_path / "build"], [state], "0.85.0", now,
-                              root=tmp_path)
+    state = dict(
+        RECIPE, path=str(cache / "bookworm-amd64.tar"), created=int(now - age_days * 86400)
+    )
+    config = {
+        "chroot_mode": "unshare",
+        "unshare_tmpdir_template": "/dev/shm/tmp.sbuild.XXXXXXXXXX",
+    }
+    return sf.doctor_findings(
+        cache, config, [tmp_path / "build"], [state], "0.85.0", now, root=tmp_path
+    )
 
 
 def kinds(findings):
@@ -400,33 +448,52 @@ def test_doctor_clean(tmp_path, monkeypatch):
 
 
 def test_doctor_btrfs_zstd15(tmp_path, monkeypatch):
-    fs = {str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
-          str(tmp_path / "build"): ("btrfs", "rw,relatime,compress=zstd:15,space_cache=v2")}
+    fs = {
+        str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
+        str(tmp_path / "build"): ("btrfs", "rw,relatime,compress=zstd:15,space_cache=v2"),
+    }
     findings, _ = doctor(tmp_path, monkeypatch, fs)
     assert kinds(findings) == ["btrfs-compression"]
     assert "zstd level 15" in findings[0]["message"]
 
 
 def test_doctor_btrfs_zstd3_is_fine(tmp_path, monkeypatch):
-    fs = {str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
-          str(tmp_path / "build"): ("btrfs", "rw,compress=zstd:3")}
+    fs = {
+        str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
+        str(tmp_path / "build"): ("btrfs", "rw,compress=zstd:3"),
+    }
     assert doctor(tmp_path, monkeypatch, fs)[0] == []
 
 
 def test_doctor_finds_everything_else(tmp_path, monkeypatch):
     fs = {str(tmp_path / "dev/shm"): ("ext4", "rw,sync")}
-    findings, _ = doctor(tmp_path, monkeypatch, fs, tar_kwargs={"eatmydata": False,
-                                                                "mandb": True},
-                         age_days=9, extra_files=("bookworm-sbuild.tar.zst",
-                                                  "bookworm-amd64.tar.gz"))
-    assert kinds(findings) == ["competing-file", "man-db", "no-eatmydata", "old-chroot",
-                               "shadowed", "sync-mount", "unpack-not-tmpfs"]
+    findings, _ = doctor(
+        tmp_path,
+        monkeypatch,
+        fs,
+        tar_kwargs={"eatmydata": False, "mandb": True},
+        age_days=9,
+        extra_files=("bookworm-sbuild.tar.zst", "bookworm-amd64.tar.gz"),
+    )
+    assert kinds(findings) == [
+        "competing-file",
+        "man-db",
+        "no-eatmydata",
+        "old-chroot",
+        "shadowed",
+        "sync-mount",
+        "unpack-not-tmpfs",
+    ]
 
 
 def test_doctor_schroot_directory(tmp_path, monkeypatch):
     chroot = tmp_path / "srv/bookworm-amd64"
-    for rel in ("usr/bin/dh", "usr/bin/fakeroot", "usr/bin/eatmydata",
-                "var/lib/man-db/auto-update"):
+    for rel in (
+        "usr/bin/dh",
+        "usr/bin/fakeroot",
+        "usr/bin/eatmydata",
+        "var/lib/man-db/auto-update",
+    ):
         (chroot / rel).parent.mkdir(parents=True, exist_ok=True)
         (chroot / rel).touch()
     conf = tmp_path / sf.SCHROOT_CONF_DIR / "sbuild-fast-bookworm-amd64"
@@ -437,11 +504,51 @@ def test_doctor_schroot_directory(tmp_path, monkeypatch):
     for kind in ("subuid", "subgid"):
         (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
     state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
-    findings, facts = sf.doctor_findings(tmp_path / "cache", {"chroot_mode": "schroot"}, [],
-                                         [state], "0.85.0", time.time(), root=tmp_path)
+    findings, facts = sf.doctor_findings(
+        tmp_path / "cache",
+        {"chroot_mode": "schroot"},
+        [],
+        [state],
+        "0.85.0",
+        time.time(),
+        root=tmp_path,
+    )
     assert kinds(findings) == ["man-db", "no-eatmydata"]
     conf.write_text(sf.schroot_conf(RECIPE, chroot, ["bookworm-amd64-sbuild"]))
     (chroot / "var/lib/man-db/auto-update").unlink()
-    findings, facts = sf.doctor_findings(tmp_path / "cache", {"chroot_mode": "schroot"}, [],
-                                         [state], "0.85.0", time.time(), root=tmp_path)
+    findings, facts = sf.doctor_findings(
+        tmp_path / "cache",
+        {"chroot_mode": "schroot"},
+        [],
+        [state],
+        "0.85.0",
+        time.time(),
+        root=tmp_path,
+    )
     assert findings == [] and facts["chroots"][0]["content"]["command_prefix_eatmydata"]
+
+
+def test_update_revalidates_state(home, monkeypatch):
+    state_dir = home / ".cache/sbuild/.sbuild-fast"
+    state_dir.mkdir()
+    (state_dir / "x.json").write_text(
+        json.dumps(
+            {
+                "name": "bookworm-amd64",
+                "dist": "bookworm",
+                "arch": "amd64",
+                "mode": "unshare",
+                "include": ["ok", "--root=/"],
+            }
+        )
+    )
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["update"]) == 2 and calls == []
+    (state_dir / "x.json").write_text(
+        json.dumps(
+            {"name": "bookworm-amd64", "dist": "bookworm", "arch": "amd64", "mode": "unshare"}
+        )
+    )
+    monkeypatch.setattr(sf, "host_mirror", lambda root=Path("/"): "http://m.example/debian")
+    assert sf.main(["update"]) == 0 and calls[0][-1] == "http://m.example/debian"

@@ -55,12 +55,13 @@ DPKG_EXCLUDES = (
 
 # Before debhelper pulls man-db in: otherwise man-db's postinst caches auto-update=true in
 # /var/lib/man-db/auto-update and every build rebuilds the man database.
-MANDB_HOOK = ('echo "man-db man-db/auto-update boolean false" '
-              '| chroot "$1" debconf-set-selections')
+MANDB_HOOK = (
+    'echo "man-db man-db/auto-update boolean false" ' '| chroot "$1" debconf-set-selections'
+)
 # apt runs dpkg through a symlink called dpkg that points to eatmydata (mk-sbuild's way).
 EATMYDATA_HOOK = (
     f'mkdir -p "$1{EATMYDATA_DIR}" && ln -sf /usr/bin/eatmydata "$1{EATMYDATA_DIR}/dpkg" && '
-    f"printf 'Dir::Bin::dpkg \"{EATMYDATA_DIR}/dpkg\";\\n' > \"$1{EATMYDATA_APT_CONF}\""
+    f'printf \'Dir::Bin::dpkg "{EATMYDATA_DIR}/dpkg";\\n\' > "$1{EATMYDATA_APT_CONF}"'
 )
 # Package lists and apt's binary caches stay (apt update then fetches only what changed
 # and apt does not parse the lists again when sbuild adds its local archive); .debs go.
@@ -217,7 +218,10 @@ def mmdebstrap_argv(recipe: Dict, output: str, mode: str) -> List[str]:
         include.append("eatmydata")
     include += [p for p in recipe["include"] if p not in include]
     argv = [
-        "mmdebstrap", f"--mode={mode}", "--variant=buildd", f"--arch={recipe['arch']}",
+        "mmdebstrap",
+        f"--mode={mode}",
+        "--variant=buildd",
+        f"--arch={recipe['arch']}",
         f"--include={','.join(include)}",
         '--aptopt=APT::Install-Recommends "false"',
         '--aptopt=Acquire::Languages "none"',
@@ -372,12 +376,16 @@ def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[st
     ]
     if mode == "unshare":
         if tmp_template:
-            lines += ["# Unpack each build's chroot on tmpfs: under a second instead of seconds.",
-                      f"$unshare_tmpdir_template = '{tmp_template}';"]
+            lines += [
+                "# Unpack each build's chroot on tmpfs: under a second instead of seconds.",
+                f"$unshare_tmpdir_template = '{tmp_template}';",
+            ]
         if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
-            lines += ["# Never silently replace the sbuild-fast tarball with a plain one;",
-                      "# sbuild-fast-update.timer keeps it fresh instead.",
-                      "$unshare_mmdebstrap_auto_create = 0;"]
+            lines += [
+                "# Never silently replace the sbuild-fast tarball with a plain one;",
+                "# sbuild-fast-update.timer keeps it fresh instead.",
+                "$unshare_mmdebstrap_auto_create = 0;",
+            ]
     lines += [
         "# The chroot is thrown away after each build: purging build-deps is wasted time.",
         "$purge_build_deps = 'never';",
@@ -394,8 +402,9 @@ def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[st
 
 def merge_config(text: str, block: str) -> str:
     """text with its sbuild-fast block replaced by block (appended when there is none)."""
-    pattern = re.compile("^" + re.escape(CONFIG_BEGIN) + r".*?^" + re.escape(CONFIG_END)
-                         + r"[^\n]*\n?", re.M | re.S)
+    pattern = re.compile(
+        "^" + re.escape(CONFIG_BEGIN) + r".*?^" + re.escape(CONFIG_END) + r"[^\n]*\n?", re.M | re.S
+    )
     if pattern.search(text):
         return pattern.sub(lambda _m: block, text, count=1)
     if text and not text.endswith("\n"):
@@ -405,14 +414,26 @@ def merge_config(text: str, block: str) -> str:
 
 def effective_sbuild_config() -> Dict[str, str]:
     """sbuild's own view of its configuration (system file plus ~/.sbuildrc)."""
-    keys = ("CHROOT_MODE", "UNSHARE_TMPDIR_TEMPLATE", "APT_UPDATE", "APT_DISTUPGRADE",
-            "APT_UPGRADE", "PURGE_BUILD_DEPS", "RUN_LINTIAN", "BUILD_DIR")
-    script = ("my $c = Sbuild::Conf::new(); for my $k (@ARGV) { my $v = eval { $c->get($k) };"
-              " $v = '' unless defined $v; print \"$k=$v\\n\" }")
+    keys = (
+        "CHROOT_MODE",
+        "UNSHARE_TMPDIR_TEMPLATE",
+        "APT_UPDATE",
+        "APT_DISTUPGRADE",
+        "APT_UPGRADE",
+        "PURGE_BUILD_DEPS",
+        "RUN_LINTIAN",
+        "BUILD_DIR",
+    )
+    script = (
+        "my $c = Sbuild::Conf::new(); for my $k (@ARGV) { my $v = eval { $c->get($k) };"
+        " $v = '' unless defined $v; print \"$k=$v\\n\" }"
+    )
     result = proc.run(["perl", "-MSbuild::Conf", "-e", script, *keys], check=False)
     if result.returncode != 0:
-        raise Error("cannot read sbuild's configuration: "
-                    + (result.stderr.strip().splitlines() or ["perl failed"])[-1])
+        raise Error(
+            "cannot read sbuild's configuration: "
+            + (result.stderr.strip().splitlines() or ["perl failed"])[-1]
+        )
     config = {}
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
@@ -433,12 +454,18 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool) -> Dict:
     state_dir = cache_dir / STATE_SUBDIR
     others = conflicting_files(cache_dir, name, target.name)
     if others:
-        raise Error(f"{cache_dir / others[0]} would compete with {target.name} in sbuild's "
-                    "lookup: remove it first")
+        raise Error(
+            f"{cache_dir / others[0]} would compete with {target.name} in sbuild's "
+            "lookup: remove it first"
+        )
     for shadow in shadowing_names(recipe["dist"], recipe["arch"]):
         for found in matching_files(cache_dir, shadow):
-            log.warning("%s is found before %s by 'sbuild -d %s'", cache_dir / found,
-                        target.name, recipe["dist"])
+            log.warning(
+                "%s is found before %s by 'sbuild -d %s'",
+                cache_dir / found,
+                target.name,
+                recipe["dist"],
+            )
     argv = mmdebstrap_argv(recipe, str(state_dir / "tmp.XXXXXXXXXX" / target.name), "unshare")
     if dry_run:
         return {"name": name, "path": str(target), "changed": False, "command": argv}
@@ -519,8 +546,13 @@ def create_schroot(recipe: Dict, dry_run: bool, root: Path = Path("/")) -> Dict:
     aliases = [a for a in (f"{name}-sbuild", f"{recipe['dist']}-sbuild") if a not in in_use]
     argv = mmdebstrap_argv(recipe, str(base / "tmp.XXXXXXXXXX/tree"), "root")
     if dry_run:
-        return {"name": name, "path": str(link), "changed": False, "command": argv,
-                "schroot_conf": str(conf)}
+        return {
+            "name": name,
+            "path": str(link),
+            "changed": False,
+            "command": argv,
+            "schroot_conf": str(conf),
+        }
     for directory in (base / "gen", state_dir, root / SCHROOT_CONF_DIR):
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -546,8 +578,13 @@ def create_schroot(recipe: Dict, dry_run: bool, root: Path = Path("/")) -> Dict:
         prune_generations(base, name, keep={generation.name})
         state = dict(recipe, path=str(link), created=int(time.time()), version=__version__)
         write_state(state_dir, state)
-    return {"name": name, "path": str(link), "changed": True, "command": argv,
-            "schroot_conf": str(conf)}
+    return {
+        "name": name,
+        "path": str(link),
+        "changed": True,
+        "command": argv,
+        "schroot_conf": str(conf),
+    }
 
 
 def prune_generations(base: Path, name: str, keep: set) -> None:
@@ -597,6 +634,25 @@ def configure(mode: str, write: bool, dry_run: bool) -> int:
     return EXIT_OK
 
 
+def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
+    """The recorded recipe, validated again: a state file is input like any other."""
+    dist = validate_dist(str(state["dist"]))
+    arch = validate_arch(str(state["arch"]))
+    include = state.get("include", [])
+    if not isinstance(include, list):
+        raise Error(f"malformed record for {dist}-{arch}: include is not a list")
+    return {
+        "name": chroot_name(dist, arch),
+        "dist": dist,
+        "arch": arch,
+        "mirror": validate_mirror(mirror or str(state.get("mirror") or host_mirror())),
+        "include": parse_include([str(p) for p in include]),
+        "keep_docs": bool(state.get("keep_docs", False)),
+        "eatmydata": bool(state.get("eatmydata", True)),
+        "mode": state["mode"],
+    }
+
+
 def cmd_update(args: argparse.Namespace) -> int:
     dists = [validate_dist(d) for d in args.dist]
     if args.mode == "schroot":
@@ -611,10 +667,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         print("no sbuild-fast chroots: nothing to update")
         return EXIT_OK
     for state in states:
-        recipe = {k: state[k] for k in ("name", "dist", "arch", "mirror", "include",
-                                         "keep_docs", "eatmydata", "mode")}
-        if args.mirror:
-            recipe["mirror"] = validate_mirror(args.mirror)
+        recipe = recipe_from_state(state, args.mirror)
         if args.mode == "schroot":
             result = create_schroot(recipe, args.dry_run)
         else:
@@ -683,8 +736,11 @@ def cmd_remove(args: argparse.Namespace) -> int:
     name = chroot_name(dist, arch)
     if args.mode == "schroot":
         base = SCHROOT_BASE
-        paths = [Path("/") / SCHROOT_CONF_DIR / f"sbuild-fast-{name}", base / name,
-                 Path("/") / SCHROOT_STATE_DIR / f"{name}.json"]
+        paths = [
+            Path("/") / SCHROOT_CONF_DIR / f"sbuild-fast-{name}",
+            base / name,
+            Path("/") / SCHROOT_STATE_DIR / f"{name}.json",
+        ]
         paths += sorted((base / "gen").glob(f"{name}.*"))
         lock = base / "lock"
     else:
@@ -718,8 +774,7 @@ def fs_of(path: Path) -> Tuple[Optional[str], str]:
     probe = Path(path)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    result = proc.run(["findmnt", "-n", "-o", "FSTYPE,FS-OPTIONS", "-T", str(probe)],
-                      check=False)
+    result = proc.run(["findmnt", "-n", "-o", "FSTYPE,FS-OPTIONS", "-T", str(probe)], check=False)
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     if result.returncode != 0 or not lines:
         return None, ""
@@ -761,9 +816,17 @@ def read_subids(path: Path, user: str, uid: int) -> int:
 
 def inspect_tarball(path: Path) -> Dict[str, bool]:
     """What the chroot really holds: debhelper, eatmydata wired into apt, man-db off."""
-    found = {"debhelper": False, "fakeroot": False, "eatmydata": False,
-             "eatmydata_dpkg": False, "apt_uses_eatmydata": False, "mandb_auto_update": False,
-             "marker": False, "docs_excluded": False, "apt_lists": False}
+    found = {
+        "debhelper": False,
+        "fakeroot": False,
+        "eatmydata": False,
+        "eatmydata_dpkg": False,
+        "apt_uses_eatmydata": False,
+        "mandb_auto_update": False,
+        "marker": False,
+        "docs_excluded": False,
+        "apt_lists": False,
+    }
     wanted = "./" + EATMYDATA_APT_CONF.lstrip("/")
     try:
         with tarfile.open(path, "r|*") as tar:
@@ -777,7 +840,8 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
                     found["eatmydata"] = True
                 elif name == "." + EATMYDATA_DIR + "/dpkg":
                     found["eatmydata_dpkg"] = member.issym() and member.linkname.endswith(
-                        "/eatmydata")
+                        "/eatmydata"
+                    )
                 elif name == wanted and member.isfile():
                     handle = tar.extractfile(member)
                     text = handle.read(4096).decode("utf-8", "replace") if handle else ""
@@ -807,16 +871,24 @@ def inspect_directory(path: Path, conf: Path) -> Dict[str, bool]:
         "debhelper": (path / "usr/bin/dh").exists(),
         "fakeroot": (path / "usr/bin/fakeroot").exists(),
         "eatmydata": (path / "usr/bin/eatmydata").exists(),
-        "command_prefix_eatmydata": bool(re.search(r"^command-prefix=eatmydata\b", conf_text,
-                                                   re.M)),
+        "command_prefix_eatmydata": bool(
+            re.search(r"^command-prefix=eatmydata\b", conf_text, re.M)
+        ),
         "mandb_auto_update": (path / "var/lib/man-db/auto-update").exists(),
         "marker": (path / MARKER.lstrip("/")).exists(),
     }
 
 
-def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequence[Path],
-                    states: List[Dict], sbuild_ver: Optional[str], now: float,
-                    root: Path = Path("/"), inspect: bool = True) -> Tuple[List[Dict], Dict]:
+def doctor_findings(
+    cache_dir: Path,
+    config: Dict[str, str],
+    build_dirs: Sequence[Path],
+    states: List[Dict],
+    sbuild_ver: Optional[str],
+    now: float,
+    root: Path = Path("/"),
+    inspect: bool = True,
+) -> Tuple[List[Dict], Dict]:
     """(findings, facts): each finding has kind, severity (warning|info), path and message."""
     findings: List[Dict] = []
     facts: Dict = {"chroots": []}
@@ -832,64 +904,106 @@ def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequenc
             count = read_subids(root / "etc" / kind, user, os.getuid())
             facts[kind] = count
             if count < 65536:
-                add(f"no-{kind}", f"/etc/{kind} grants {user} {count} ids, unshare mode needs "
-                    f"65536: usermod --add-sub{kind[3:]}s 100000-165535 {user}", f"/etc/{kind}")
+                add(
+                    f"no-{kind}",
+                    f"/etc/{kind} grants {user} {count} ids, unshare mode needs "
+                    f"65536: usermod --add-sub{kind[3:]}s 100000-165535 {user}",
+                    f"/etc/{kind}",
+                )
     if mode != "unshare" and any(s["mode"] == "unshare" for s in states):
-        add("chroot-mode", f"sbuild's chroot_mode is {mode or 'unset'}: plain 'sbuild -d DIST' "
-            "ignores the sbuild-fast tarballs (run 'sbuild-fast create --configure')")
+        add(
+            "chroot-mode",
+            f"sbuild's chroot_mode is {mode or 'unset'}: plain 'sbuild -d DIST' "
+            "ignores the sbuild-fast tarballs (run 'sbuild-fast create --configure')",
+        )
     if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
         facts["auto_create_trap"] = True
     for state in states:
         info = describe(state, now)
         facts["chroots"].append(info)
         if not info["present"]:
-            add("missing", f"{info['path']} is gone: run 'sbuild-fast create --dist "
-                f"{info['dist']}'", info["path"])
+            add(
+                "missing",
+                f"{info['path']} is gone: run 'sbuild-fast create --dist " f"{info['dist']}'",
+                info["path"],
+            )
             continue
         if info["age_days"] > MAX_AGE_DAYS:
-            extra = (" and sbuild >= 0.87 silently replaces it with a plain chroot"
-                     if facts.get("auto_create_trap") else "")
-            add("old-chroot", f"{info['name']} is {info['age_days']} days old{extra}: run "
-                "'sbuild-fast update' or enable sbuild-fast-update.timer", info["path"])
+            extra = (
+                " and sbuild >= 0.87 silently replaces it with a plain chroot"
+                if facts.get("auto_create_trap")
+                else ""
+            )
+            add(
+                "old-chroot",
+                f"{info['name']} is {info['age_days']} days old{extra}: run "
+                "'sbuild-fast update' or enable sbuild-fast-update.timer",
+                info["path"],
+            )
         if state["mode"] == "unshare":
             for shadow in shadowing_names(state["dist"], state["arch"]):
                 for found in matching_files(cache_dir, shadow):
-                    add("shadowed", f"'sbuild -d {state['dist']}' takes {found} before "
-                        f"{state['name']}.tar", str(cache_dir / found))
+                    add(
+                        "shadowed",
+                        f"'sbuild -d {state['dist']}' takes {found} before "
+                        f"{state['name']}.tar",
+                        str(cache_dir / found),
+                    )
             others = conflicting_files(cache_dir, state["name"], f"{state['name']}.tar")
             for other in others:
-                add("competing-file", f"{other} competes with {state['name']}.tar in "
-                    "sbuild's lookup", str(cache_dir / other))
+                add(
+                    "competing-file",
+                    f"{other} competes with {state['name']}.tar in " "sbuild's lookup",
+                    str(cache_dir / other),
+                )
             if inspect:
                 content = inspect_tarball(Path(info["path"]))
                 info["content"] = content
                 for key, what in (("debhelper", "debhelper"), ("fakeroot", "fakeroot")):
                     if not content[key]:
-                        add("not-preinstalled", f"{what} is missing from {info['path']}",
-                            info["path"])
+                        add(
+                            "not-preinstalled",
+                            f"{what} is missing from {info['path']}",
+                            info["path"],
+                        )
                 if state.get("eatmydata", True) and not (
-                        content["eatmydata"] and content["eatmydata_dpkg"]
-                        and content["apt_uses_eatmydata"]):
-                    add("no-eatmydata", f"apt in {info['path']} does not run dpkg under "
-                        "eatmydata", info["path"])
+                    content["eatmydata"]
+                    and content["eatmydata_dpkg"]
+                    and content["apt_uses_eatmydata"]
+                ):
+                    add(
+                        "no-eatmydata",
+                        f"apt in {info['path']} does not run dpkg under " "eatmydata",
+                        info["path"],
+                    )
                 if content["mandb_auto_update"]:
-                    add("man-db", f"man-db rebuilds its database in every build from "
-                        f"{info['path']}", info["path"])
+                    add(
+                        "man-db",
+                        f"man-db rebuilds its database in every build from " f"{info['path']}",
+                        info["path"],
+                    )
         elif state["mode"] == "schroot" and inspect:
-            content = inspect_directory(Path(info["path"]),
-                                        root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}")
+            content = inspect_directory(
+                Path(info["path"]), root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}"
+            )
             info["content"] = content
             for key in ("debhelper", "fakeroot"):
                 if not content[key]:
-                    add("not-preinstalled", f"{key} is missing from {info['path']}",
-                        info["path"])
-            if state.get("eatmydata", True) and not (content["eatmydata"]
-                                                     and content["command_prefix_eatmydata"]):
-                add("no-eatmydata", f"schroot does not run {info['name']}-sbuild-fast under "
-                    "eatmydata", info["path"])
+                    add("not-preinstalled", f"{key} is missing from {info['path']}", info["path"])
+            if state.get("eatmydata", True) and not (
+                content["eatmydata"] and content["command_prefix_eatmydata"]
+            ):
+                add(
+                    "no-eatmydata",
+                    f"schroot does not run {info['name']}-sbuild-fast under " "eatmydata",
+                    info["path"],
+                )
             if content["mandb_auto_update"]:
-                add("man-db", f"man-db rebuilds its database in every build in {info['path']}",
-                    info["path"])
+                add(
+                    "man-db",
+                    f"man-db rebuilds its database in every build in {info['path']}",
+                    info["path"],
+                )
     # Filesystems builds write to: the unpack dir, the build dir, the chroot store.
     template = config.get("unshare_tmpdir_template") or "/tmp/tmp.sbuild.XXXXXXXXXX"
     unpack_dir = root / Path(template).parent.relative_to("/")
@@ -905,10 +1019,12 @@ def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequenc
         facts["filesystems"].append(entry)
         if role == "unpack" and fstype != "tmpfs":
             tmpl = tmpfs_unpack_template(root)
-            hint = (f"set $unshare_tmpdir_template = '{tmpl}'" if tmpl
-                    else "mount a tmpfs for it")
-            add("unpack-not-tmpfs", f"sbuild unpacks every chroot into {directory} "
-                f"({fstype}), not tmpfs: {hint}", str(directory))
+            hint = f"set $unshare_tmpdir_template = '{tmpl}'" if tmpl else "mount a tmpfs for it"
+            add(
+                "unpack-not-tmpfs",
+                f"sbuild unpacks every chroot into {directory} " f"({fstype}), not tmpfs: {hint}",
+                str(directory),
+            )
         if fstype == "btrfs":
             level = zstd_level(options)
             prop = btrfs_property_compression(directory)
@@ -918,17 +1034,29 @@ def doctor_findings(cache_dir: Path, config: Dict[str, str], build_dirs: Sequenc
                 _, _, plevel = prop.partition(":")
                 level = max(level or 0, int(plevel) if plevel.isdigit() else 3)
             if level is not None and level >= ZSTD_STALL_LEVEL:
-                add("btrfs-compression", f"{directory} is btrfs with zstd level {level}: "
+                add(
+                    "btrfs-compression",
+                    f"{directory} is btrfs with zstd level {level}: "
                     "compression at write-back stalls fsync-heavy builds (a 2026 report "
                     "measured zstd:15 doubling build times); use compress=zstd:3 or lower",
-                    str(directory))
+                    str(directory),
+                )
         if re.search(r"(^|,)(sync|dirsync)(,|$)", options or ""):
-            add("sync-mount", f"{directory} is mounted {options}: every write waits for the "
-                "disk", str(directory))
-        if fstype in ("btrfs", "zfs", "nfs", "nfs4") and role != "store" and any(
-                not s.get("eatmydata", True) for s in states):
-            add("fsync-heavy", f"{directory} is {fstype} and a chroot runs dpkg without "
-                "eatmydata", str(directory))
+            add(
+                "sync-mount",
+                f"{directory} is mounted {options}: every write waits for the " "disk",
+                str(directory),
+            )
+        if (
+            fstype in ("btrfs", "zfs", "nfs", "nfs4")
+            and role != "store"
+            and any(not s.get("eatmydata", True) for s in states)
+        ):
+            add(
+                "fsync-heavy",
+                f"{directory} is {fstype} and a chroot runs dpkg without " "eatmydata",
+                str(directory),
+            )
     return findings, facts
 
 
@@ -942,19 +1070,39 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     config = effective_sbuild_config() if versions["sbuild"] else {}
     build_dirs = args.build_dir or [Path.cwd()]
     states = all_states()
-    findings, facts = doctor_findings(cache_dir, config, build_dirs, states, versions["sbuild"],
-                                      now)
+    findings, facts = doctor_findings(
+        cache_dir, config, build_dirs, states, versions["sbuild"], now
+    )
     for pkg, version in versions.items():
         if not version:
-            findings.append({"kind": "not-installed", "severity": "warning", "path": None,
-                             "message": f"{pkg} is not installed"})
+            findings.append(
+                {
+                    "kind": "not-installed",
+                    "severity": "warning",
+                    "path": None,
+                    "message": f"{pkg} is not installed",
+                }
+            )
     if not states:
-        findings.append({"kind": "no-chroot", "severity": "warning", "path": str(cache_dir),
-                         "message": "no sbuild-fast chroot: run 'sbuild-fast create'"})
+        findings.append(
+            {
+                "kind": "no-chroot",
+                "severity": "warning",
+                "path": str(cache_dir),
+                "message": "no sbuild-fast chroot: run 'sbuild-fast create'",
+            }
+        )
     warnings = [f for f in findings if f["severity"] == "warning"]
     if args.json:
-        emit_json({"versions": versions, "sbuild_config": config, **facts,
-                   "findings": findings, "ok": not warnings})
+        emit_json(
+            {
+                "versions": versions,
+                "sbuild_config": config,
+                **facts,
+                "findings": findings,
+                "ok": not warnings,
+            }
+        )
     else:
         for pkg, version in versions.items():
             print(f"{pkg}: {version or 'not installed'}")
@@ -980,27 +1128,43 @@ def mode_type(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.new_parser(
-        PROG, "sbuild chroots with debhelper and eatmydata preinstalled, kept fresh.")
+        PROG, "sbuild chroots with debhelper and eatmydata preinstalled, kept fresh."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def mode_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--mode", type=mode_type, default="unshare", metavar="{unshare,schroot}",
-                       help="unshare tarball for the user (default) or schroot chroot (root)")
+        p.add_argument(
+            "--mode",
+            type=mode_type,
+            default="unshare",
+            metavar="{unshare,schroot}",
+            help="unshare tarball for the user (default) or schroot chroot (root)",
+        )
 
     create = sub.add_parser("create", help="build a fast chroot")
     create.add_argument("--dist", help="distribution (default: the host's)")
     create.add_argument("--arch", help="architecture (default: the host's)")
-    create.add_argument("--mirror", metavar="URL",
-                        help="Debian archive (default: the one the host's apt uses)")
-    create.add_argument("--include", action="append", metavar="PKG,...",
-                        help="more packages to preinstall (repeatable)")
+    create.add_argument(
+        "--mirror", metavar="URL", help="Debian archive (default: the one the host's apt uses)"
+    )
+    create.add_argument(
+        "--include",
+        action="append",
+        metavar="PKG,...",
+        help="more packages to preinstall (repeatable)",
+    )
     mode_option(create)
-    create.add_argument("--keep-docs", action="store_true",
-                        help="keep documentation, man pages and translations")
-    create.add_argument("--no-eatmydata", action="store_true",
-                        help="run dpkg with its fsyncs (slower, for pristine checks)")
-    create.add_argument("--configure", action="store_true",
-                        help="write the sbuild settings block to ~/.sbuildrc")
+    create.add_argument(
+        "--keep-docs", action="store_true", help="keep documentation, man pages and translations"
+    )
+    create.add_argument(
+        "--no-eatmydata",
+        action="store_true",
+        help="run dpkg with its fsyncs (slower, for pristine checks)",
+    )
+    create.add_argument(
+        "--configure", action="store_true", help="write the sbuild settings block to ~/.sbuildrc"
+    )
     create.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(create)
     create.set_defaults(func=cmd_create)
@@ -1027,8 +1191,13 @@ def build_parser() -> argparse.ArgumentParser:
     remove.set_defaults(func=cmd_remove)
 
     doctor = sub.add_parser("doctor", help="find what slows builds down")
-    doctor.add_argument("--build-dir", action="append", type=Path, metavar="DIR",
-                        help="a directory builds write to (default: the current one)")
+    doctor.add_argument(
+        "--build-dir",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="a directory builds write to (default: the current one)",
+    )
     doctor.add_argument("--json", action="store_true", help="print one JSON document")
     cli.add_verbosity(doctor)
     doctor.set_defaults(func=cmd_doctor)
