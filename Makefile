@@ -28,6 +28,7 @@ TEST_DEPENDS += acl btrfs-progs
 TEST_DEPENDS += ovmf shim-signed python3-cryptography
 TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf debian-installer-12-netboot-amd64
 TEST_DEPENDS += radvd iproute2 procps
+TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f

@@ -1,0 +1,95 @@
+# Sourced by the sbuild-fast integration tests: a non-root build user with
+# subordinate ids, commands run as that user, and a tiny debhelper package.
+# shellcheck shell=bash
+
+SBF_USER=${SBF_USER:-sbfast-test}
+SBF_HOME=""
+
+# sbf_make_user: create SBF_USER with subuid/subgid ranges (once).
+sbf_make_user() {
+    if ! id "$SBF_USER" >/dev/null 2>&1; then
+        useradd --create-home --shell /bin/bash "$SBF_USER" || fail "useradd $SBF_USER"
+    fi
+    local kind start
+    for kind in subuid subgid; do
+        if ! grep -q "^$SBF_USER:" "/etc/$kind"; then
+            # After the highest range in use, so that it overlaps nobody's.
+            start=$(awk -F: 'BEGIN {m = 100000} $2 + $3 > m {m = $2 + $3} END {print m}' "/etc/$kind")
+            usermod "--add-sub${kind#sub}s" "$start-$((start + 65535))" "$SBF_USER" ||
+                fail "cannot add a $kind range"
+        fi
+    done
+    SBF_HOME=$(getent passwd "$SBF_USER" | cut -d: -f6)
+}
+
+# as_user CMD...: run CMD as SBF_USER in its home, with a clean environment.
+as_user() {
+    (cd "$SBF_HOME" && runuser -u "$SBF_USER" -- env -i HOME="$SBF_HOME" USER="$SBF_USER" \
+        LOGNAME="$SBF_USER" PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 "$@")
+}
+
+# sbf_user_pids: every process of the test user and of its subordinate ids (what
+# mmdebstrap and sbuild run inside their user namespaces): the test made the user,
+# so they are all ours.
+sbf_user_pids() {
+    local uid first=0 count=0
+    uid=$(id -u "$SBF_USER" 2>/dev/null) || return 0
+    IFS=: read -r _ first count < <(grep "^$SBF_USER:" /etc/subuid | head -n1) || true
+    ps -e -o pid=,uid= | awk -v u="$uid" -v f="$first" -v c="$count" \
+        '$2 == u || (c > 0 && $2 >= f && $2 < f + c) {print $1}'
+}
+
+sbf_kill_user_procs() {
+    local pids
+    pids=$(sbf_user_pids)
+    # shellcheck disable=SC2086 # one pid per word
+    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+}
+
+# sbf_make_package DIR: a tiny native debhelper package and its .dsc, as SBF_USER.
+sbf_make_package() {
+    local dir=$1
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    as_user sh -euc '
+        d=$1/sbfast-hello-1.0
+        mkdir -p "$d/debian/source"
+        echo "3.0 (native)" > "$d/debian/source/format"
+        cat > "$d/debian/control" <<CTRL
+Source: sbfast-hello
+Section: misc
+Priority: optional
+Maintainer: sbuild-fast test <test@example.org>
+Build-Depends: debhelper-compat (= 13)
+Standards-Version: 4.6.2
+Rules-Requires-Root: no
+
+Package: sbfast-hello
+Architecture: all
+Depends: \${misc:Depends}
+Description: tiny package built by the sbuild-fast tests
+ It installs one shell script.
+CTRL
+        printf "sbfast-hello (1.0) unstable; urgency=medium\n\n  * Test.\n\n -- sbuild-fast test <test@example.org>  Sat, 21 Nov 2026 22:00:00 +0000\n" \
+            > "$d/debian/changelog"
+        printf "#!/usr/bin/make -f\n%%:\n\tdh \$@\n" > "$d/debian/rules"
+        chmod +x "$d/debian/rules"
+        printf "#!/bin/sh\necho hello from sbuild-fast\n" > "$d/sbfast-hello"
+        echo "sbfast-hello usr/bin" > "$d/debian/sbfast-hello.install"
+        cd "$1" && dpkg-source -b sbfast-hello-1.0 >/dev/null
+    ' sh "$dir"
+}
+
+# mmdebstrap's own temporary trees that a SIGKILL left in /tmp, owned by the user
+# or by its subordinate ids.
+sbf_remove_mmdebstrap_leftovers() {
+    local uid first count dir owner
+    uid=$(id -u "$SBF_USER" 2>/dev/null) || return 0
+    IFS=: read -r _ first count < <(grep "^$SBF_USER:" /etc/subuid | head -n1) || return 0
+    for dir in "${TMPDIR:-/tmp}"/mmdebstrap.*; do
+        [ -d "$dir" ] || continue
+        owner=$(stat -c %u "$dir")
+        if [ "$owner" = "$uid" ] || { [ "$owner" -ge "$first" ] && [ "$owner" -lt $((first + count)) ]; }; then
+            rm -rf --one-file-system "$dir" || true
+        fi
+    done
+}

@@ -1,0 +1,554 @@
+"""Unit tests for sbuild-fast: inputs, mmdebstrap recipe, config block, atomic placement."""
+
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from debadmin.errors import Error
+from debadmin.tools import sbuild_fast as sf
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sbuild-fast"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private HOME with an sbuild cache dir; the host arch is fixed."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(sf, "host_arch", lambda: "amd64")
+    monkeypatch.setattr(sf, "sbuild_version", lambda: "0.85.0")
+    monkeypatch.setattr(sf, "tmpfs_unpack_template", lambda root=Path("/"): None)
+    cache = tmp_path / ".cache/sbuild"
+    cache.mkdir(parents=True)
+    return tmp_path
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+# --- host facts --------------------------------------------------------------------------
+
+
+def test_host_mirror_deb822_skips_security_and_deb_src():
+    assert sf.host_mirror(DATA / "deb822") == "http://mirror.example.org/debian"
+
+
+def test_host_mirror_one_line_format():
+    assert sf.host_mirror(DATA / "legacy") == "http://ftp.example.net/debian"
+
+
+def test_host_mirror_default(tmp_path):
+    assert sf.host_mirror(tmp_path) == "http://deb.debian.org/debian"
+
+
+def test_host_codename():
+    assert sf.host_codename(DATA / "deb822") == "bookworm"
+    assert sf.host_codename(DATA / "legacy") == "trixie"
+
+
+def test_host_codename_missing(tmp_path):
+    with pytest.raises(Error, match="--dist"):
+        sf.host_codename(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "func,value",
+    [
+        (sf.validate_dist, "../etc"),
+        (sf.validate_dist, "bookworm-backports"),
+        (sf.validate_dist, ""),
+        (sf.validate_dist, "Bookworm"),
+        (sf.validate_arch, "amd64;rm"),
+        (sf.validate_mirror, "ftp://x/debian"),
+        (sf.validate_mirror, "http://x/debian bookworm"),
+        (sf.validate_mirror, "http://x/'$(id)'"),
+    ],
+)
+def test_bad_names_rejected(func, value):
+    with pytest.raises(Error):
+        func(value)
+
+
+def test_parse_include():
+    assert sf.parse_include(["dh-python,python3-all", "dh-python", " "]) == [
+        "dh-python",
+        "python3-all",
+    ]
+    with pytest.raises(Error):
+        sf.parse_include(["ok,--option"])
+    with pytest.raises(Error):
+        sf.parse_include(["a b"])
+
+
+def test_read_subids():
+    assert sf.read_subids(DATA / "subuid", "alice", 1000) == 65536
+    assert sf.read_subids(DATA / "subuid", "carol", 1001) == 1000
+    assert sf.read_subids(DATA / "subuid", "dave", 1002) == 0
+    assert sf.read_subids(DATA / "nonexistent", "alice", 1000) == 0
+
+
+@pytest.mark.parametrize(
+    "options,level",
+    [
+        ("rw,relatime,compress=zstd:15,space_cache=v2", 15),
+        ("rw,compress-force=zstd:3", 3),
+        ("rw,compress=zstd", 3),
+        ("rw,compress=lzo", None),
+        ("rw,relatime", None),
+    ],
+)
+def test_zstd_level(options, level):
+    assert sf.zstd_level(options) == level
+
+
+# --- the recipe ----------------------------------------------------------------------------
+
+
+RECIPE = {
+    "name": "bookworm-amd64",
+    "dist": "bookworm",
+    "arch": "amd64",
+    "mirror": "http://deb.debian.org/debian",
+    "include": ["dh-python"],
+    "keep_docs": False,
+    "eatmydata": True,
+    "mode": "unshare",
+}
+
+
+def test_mmdebstrap_argv():
+    argv = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
+    assert argv[:3] == ["mmdebstrap", "--mode=unshare", "--variant=buildd"]
+    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in argv
+    assert argv[-3:] == ["bookworm", "/c/out.tar", "http://deb.debian.org/debian"]
+    assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
+    assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in argv
+    assert "--skip=cleanup/apt/lists" in argv
+    hooks = [a for a in argv if a.startswith("--essential-hook=")]
+    assert hooks and "man-db/auto-update boolean false" in hooks[0]
+    custom = " ".join(a for a in argv if a.startswith("--customize-hook="))
+    assert 'Dir::Bin::dpkg "/usr/local/libexec/sbuild-fast/dpkg"' in custom
+    assert "ln -sf /usr/bin/eatmydata" in custom
+
+
+def test_mmdebstrap_argv_keep_docs_no_eatmydata():
+    recipe = dict(RECIPE, keep_docs=True, eatmydata=False, include=[])
+    argv = sf.mmdebstrap_argv(recipe, "/c/out.tar", "root")
+    assert "--include=fakeroot,debhelper" in argv
+    assert not any(a.startswith("--dpkgopt=") for a in argv)
+    assert "Dir::Bin::dpkg" not in " ".join(argv)
+    # man-db stays off either way
+    assert any("man-db/auto-update" in a for a in argv)
+
+
+# --- the sbuild configuration block -----------------------------------------------------
+
+
+def test_config_block_unshare():
+    block = sf.config_block("unshare", "0.85.0", "/dev/shm/tmp.sbuild.XXXXXXXXXX")
+    assert block.startswith(sf.CONFIG_BEGIN) and block.rstrip().endswith(sf.CONFIG_END)
+    assert "$chroot_mode = 'unshare';" in block
+    assert "$unshare_tmpdir_template = '/dev/shm/tmp.sbuild.XXXXXXXXXX';" in block
+    assert "$apt_update = 1;" in block
+    assert "auto_create" not in block
+
+
+def test_config_block_trixie_disables_auto_create():
+    block = sf.config_block("unshare", "0.89.3", None)
+    assert "$unshare_mmdebstrap_auto_create = 0;" in block
+    assert "unshare_tmpdir_template" not in block
+
+
+def test_merge_config_appends_then_replaces():
+    mine = (DATA / "sbuildrc").read_text()
+    first = sf.merge_config(mine, sf.config_block("unshare", "0.85.0", None))
+    assert first.startswith(mine)
+    assert first.count(sf.CONFIG_BEGIN) == 1
+    again = sf.merge_config(first, sf.config_block("unshare", "0.85.0", None))
+    assert again == first
+    changed = sf.merge_config(first, sf.config_block("schroot", "0.85.0", None))
+    assert changed.count(sf.CONFIG_BEGIN) == 1
+    assert "$chroot_mode = 'schroot';" in changed and "'unshare'" not in changed
+    assert changed.startswith(mine)
+
+
+def test_merge_config_no_trailing_newline():
+    merged = sf.merge_config("1;", "BLOCK\n")
+    assert merged == "1;\nBLOCK\n"
+
+
+# --- sbuild's lookup ----------------------------------------------------------------------
+
+
+def test_matching_files_like_sbuild(tmp_path):
+    for name in (
+        "bookworm-amd64.tar",
+        "bookworm-amd64.tar.zst",
+        "bookworm-amd64-sbuild.tar",
+        "bookworm-amd64x.tar",
+        "xbookworm-amd64.tar",
+    ):
+        (tmp_path / name).touch()
+    (tmp_path / ".sbuild-fast").mkdir()
+    (tmp_path / ".sbuild-fast/bookworm-amd64.tar").touch()
+    assert sf.matching_files(tmp_path, "bookworm-amd64") == [
+        "bookworm-amd64.tar",
+        "bookworm-amd64.tar.zst",
+    ]
+    assert sf.matching_files(tmp_path / "none", "bookworm-amd64") == []
+    # The state directory itself matches no chroot name sbuild would list.
+    assert not sf.SBUILD_NAME_RE.match(sf.STATE_SUBDIR)
+
+
+# --- create: atomic placement --------------------------------------------------------------
+
+
+def fake_mmdebstrap(content=b"new tarball"):
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        out = Path(argv[-2])
+        assert out.parent.parent.name == sf.STATE_SUBDIR  # built outside sbuild's view
+        out.write_bytes(content)
+
+    return run, calls
+
+
+def test_create_places_tarball_and_state(home, monkeypatch, capsys):
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    rc = sf.main(
+        [
+            "create",
+            "--dist",
+            "bookworm",
+            "--include",
+            "dh-python",
+            "--mirror",
+            "http://deb.debian.org/debian",
+        ]
+    )
+    assert rc == 0
+    cache = home / ".cache/sbuild"
+    assert (cache / "bookworm-amd64.tar").read_bytes() == b"new tarball"
+    state = json.loads((cache / ".sbuild-fast/bookworm-amd64.json").read_text())
+    assert state["include"] == ["dh-python"] and state["mode"] == "unshare"
+    assert sorted(os.listdir(cache / ".sbuild-fast")) == ["bookworm-amd64.json", "lock"]
+    out = capsys.readouterr().out
+    assert "created" in out and sf.CONFIG_BEGIN in out  # the block is printed, not written
+    assert not (home / ".sbuildrc").exists()
+
+
+def test_create_configure_writes_block(home, monkeypatch):
+    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    (home / ".sbuildrc").write_text((DATA / "sbuildrc").read_text())
+    assert sf.main(["create", "--dist", "bookworm", "--configure"]) == 0
+    text = (home / ".sbuildrc").read_text()
+    assert text.startswith((DATA / "sbuildrc").read_text()) and sf.CONFIG_BEGIN in text
+    assert sf.main(["create", "--dist", "bookworm", "--configure"]) == 0
+    assert (home / ".sbuildrc").read_text() == text
+
+
+def test_create_interrupted_keeps_old_tarball(home, monkeypatch):
+    cache = home / ".cache/sbuild"
+    (cache / "bookworm-amd64.tar").write_bytes(b"old tarball")
+
+    def interrupted(argv):
+        Path(argv[-2]).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sf, "run_mmdebstrap", interrupted)
+    assert sf.main(["create", "--dist", "bookworm"]) == 130
+    assert (cache / "bookworm-amd64.tar").read_bytes() == b"old tarball"
+    assert tree(cache) == [".sbuild-fast", ".sbuild-fast/lock", "bookworm-amd64.tar"]
+
+
+def test_create_failure_is_one_line_error(home, monkeypatch, capsys):
+    def failing(argv):
+        Path(argv[-2]).write_bytes(b"half")
+        raise Error("mmdebstrap failed with exit status 1")
+
+    monkeypatch.setattr(sf, "run_mmdebstrap", failing)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    err = capsys.readouterr().err
+    assert err == "sbuild-fast: error: mmdebstrap failed with exit status 1\n"
+    assert tree(home / ".cache/sbuild") == [".sbuild-fast", ".sbuild-fast/lock"]
+
+
+def test_create_removes_stale_scratch(home, monkeypatch):
+    stale = home / ".cache/sbuild/.sbuild-fast/tmp.abc"
+    stale.mkdir(parents=True)
+    (stale / "bookworm-amd64.tar").write_bytes(b"left by kill -9")
+    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    assert sf.main(["create", "--dist", "bookworm"]) == 0
+    assert not stale.exists()
+
+
+def test_create_refuses_competing_file(home, monkeypatch, capsys):
+    cache = home / ".cache/sbuild"
+    (cache / "bookworm-amd64.tar.zst").write_bytes(b"someone else's")
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    assert "compete" in capsys.readouterr().err
+    assert calls == [] and tree(cache) == ["bookworm-amd64.tar.zst"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["create", "--dist", "../../etc"],
+        ["create", "--dist", "bookworm", "--arch", "amd64/../x"],
+        ["create", "--dist", "bookworm", "--mirror", "http://x/ y"],
+        ["create", "--dist", "bookworm", "--include", "$(reboot)"],
+        ["create", "--dist", "bookworm", "--mode", "chroot"],
+        ["remove", "bookworm;rm"],
+        ["update", "sid/.."],
+    ],
+)
+def test_bad_input_exit_2_nothing_written(home, monkeypatch, argv, capsys):
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    before = tree(home)
+    assert sf.main(argv) == 2
+    assert calls == [] and tree(home) == before
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: " in err.splitlines()[-1]
+
+
+def test_dry_run_touches_nothing(home, monkeypatch, capsys):
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm", "--configure", "--dry-run"]) == 0
+    assert calls == [] and tree(home) == before
+    out = capsys.readouterr().out
+    assert "would run: mmdebstrap" in out and "would write" in out
+
+
+# --- update / list / remove ----------------------------------------------------------------
+
+
+def test_update_recreates_with_recorded_recipe(home, monkeypatch, capsys):
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
+    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap(b"fresh")[0])
+    assert sf.main(["update", "bookworm"]) == 0
+    cache = home / ".cache/sbuild"
+    assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
+    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in calls[0]
+    assert sf.main(["update", "trixie"]) == 2
+
+
+def test_update_nothing(home, capsys):
+    assert sf.main(["update"]) == 0
+    assert "nothing to update" in capsys.readouterr().out
+
+
+def test_list_and_remove(home, monkeypatch, capsys):
+    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    monkeypatch.setattr(sf, "SCHROOT_STATE_DIR", str(home / "no-schroot-state"))
+    assert sf.main(["create", "--dist", "bookworm"]) == 0
+    capsys.readouterr()
+    assert sf.main(["list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (entry,) = doc["chroots"]
+    assert entry["name"] == "bookworm-amd64" and entry["present"] and entry["size_bytes"] == 11
+    assert sf.main(["remove", "bookworm", "--dry-run"]) == 0
+    assert (home / ".cache/sbuild/bookworm-amd64.tar").exists()
+    assert sf.main(["remove", "bookworm"]) == 0
+    assert not (home / ".cache/sbuild/bookworm-amd64.tar").exists()
+    assert sf.main(["remove", "bookworm"]) == 2
+
+
+# --- doctor --------------------------------------------------------------------------------
+
+
+def make_tar(path, eatmydata=True, mandb=False):
+    with tarfile.open(path, "w") as tar:
+
+        def add(name, data=b"", link=None):
+            info = tarfile.TarInfo(name)
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+            else:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if not link else None)
+
+        add("./usr/bin/dh")
+        add("./usr/bin/fakeroot")
+        add("./etc/sbuild-fast", b"sbuild-fast 0.1.0\n")
+        if eatmydata:
+            add("./usr/bin/eatmydata")
+            add("./usr/local/libexec/sbuild-fast/dpkg", link="/usr/bin/eatmydata")
+            add(
+                "./etc/apt/apt.conf.d/90sbuild-fast-eatmydata",
+                b'Dir::Bin::dpkg "/usr/local/libexec/sbuild-fast/dpkg";\n',
+            )
+        if mandb:
+            add("./var/lib/man-db/auto-update")
+
+
+def test_inspect_tarball(tmp_path):
+    good, bad = tmp_path / "good.tar", tmp_path / "bad.tar"
+    make_tar(good)
+    make_tar(bad, eatmydata=False, mandb=True)
+    found = sf.inspect_tarball(good)
+    assert found["debhelper"] and found["eatmydata_dpkg"] and found["apt_uses_eatmydata"]
+    assert not found["mandb_auto_update"]
+    found = sf.inspect_tarball(bad)
+    assert not found["apt_uses_eatmydata"] and found["mandb_auto_update"]
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(Error):
+        sf.inspect_tarball(tmp_path / "junk.tar")
+
+
+def doctor(tmp_path, monkeypatch, fs, tar_kwargs=None, age_days=0.0, extra_files=()):
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    make_tar(cache / "bookworm-amd64.tar", **(tar_kwargs or {}))
+    for name in extra_files:
+        (cache / name).touch()
+    (tmp_path / "etc").mkdir(exist_ok=True)
+    user = sf.pwd.getpwuid(os.getuid()).pw_name
+    for kind in ("subuid", "subgid"):
+        (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
+    monkeypatch.setattr(sf, "fs_of", lambda path: fs.get(str(path), ("ext4", "rw,relatime")))
+    monkeypatch.setattr(sf, "btrfs_property_compression", lambda path: None)
+    now = time.time()
+    state = dict(
+        RECIPE, path=str(cache / "bookworm-amd64.tar"), created=int(now - age_days * 86400)
+    )
+    config = {
+        "chroot_mode": "unshare",
+        "unshare_tmpdir_template": "/dev/shm/tmp.sbuild.XXXXXXXXXX",
+    }
+    return sf.doctor_findings(
+        cache, config, [tmp_path / "build"], [state], "0.85.0", now, root=tmp_path
+    )
+
+
+def kinds(findings):
+    return sorted(f["kind"] for f in findings)
+
+
+def test_doctor_clean(tmp_path, monkeypatch):
+    fs = {str(tmp_path / "dev/shm"): ("tmpfs", "rw")}
+    findings, facts = doctor(tmp_path, monkeypatch, fs)
+    assert findings == []
+    assert facts["chroots"][0]["content"]["apt_uses_eatmydata"]
+
+
+def test_doctor_btrfs_zstd15(tmp_path, monkeypatch):
+    fs = {
+        str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
+        str(tmp_path / "build"): ("btrfs", "rw,relatime,compress=zstd:15,space_cache=v2"),
+    }
+    findings, _ = doctor(tmp_path, monkeypatch, fs)
+    assert kinds(findings) == ["btrfs-compression"]
+    assert "zstd level 15" in findings[0]["message"]
+
+
+def test_doctor_btrfs_zstd3_is_fine(tmp_path, monkeypatch):
+    fs = {
+        str(tmp_path / "dev/shm"): ("tmpfs", "rw"),
+        str(tmp_path / "build"): ("btrfs", "rw,compress=zstd:3"),
+    }
+    assert doctor(tmp_path, monkeypatch, fs)[0] == []
+
+
+def test_doctor_finds_everything_else(tmp_path, monkeypatch):
+    fs = {str(tmp_path / "dev/shm"): ("ext4", "rw,sync")}
+    findings, _ = doctor(
+        tmp_path,
+        monkeypatch,
+        fs,
+        tar_kwargs={"eatmydata": False, "mandb": True},
+        age_days=9,
+        extra_files=("bookworm-sbuild.tar.zst", "bookworm-amd64.tar.gz"),
+    )
+    assert kinds(findings) == [
+        "competing-file",
+        "man-db",
+        "no-eatmydata",
+        "old-chroot",
+        "shadowed",
+        "sync-mount",
+        "unpack-not-tmpfs",
+    ]
+
+
+def test_doctor_schroot_directory(tmp_path, monkeypatch):
+    chroot = tmp_path / "srv/bookworm-amd64"
+    for rel in (
+        "usr/bin/dh",
+        "usr/bin/fakeroot",
+        "usr/bin/eatmydata",
+        "var/lib/man-db/auto-update",
+    ):
+        (chroot / rel).parent.mkdir(parents=True, exist_ok=True)
+        (chroot / rel).touch()
+    conf = tmp_path / sf.SCHROOT_CONF_DIR / "sbuild-fast-bookworm-amd64"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(sf.schroot_conf(dict(RECIPE, eatmydata=False), chroot, []))
+    monkeypatch.setattr(sf, "fs_of", lambda path: ("ext4", "rw"))
+    user = sf.pwd.getpwuid(os.getuid()).pw_name
+    for kind in ("subuid", "subgid"):
+        (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
+    state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
+    findings, facts = sf.doctor_findings(
+        tmp_path / "cache",
+        {"chroot_mode": "schroot"},
+        [],
+        [state],
+        "0.85.0",
+        time.time(),
+        root=tmp_path,
+    )
+    assert kinds(findings) == ["man-db", "no-eatmydata"]
+    conf.write_text(sf.schroot_conf(RECIPE, chroot, ["bookworm-amd64-sbuild"]))
+    (chroot / "var/lib/man-db/auto-update").unlink()
+    findings, facts = sf.doctor_findings(
+        tmp_path / "cache",
+        {"chroot_mode": "schroot"},
+        [],
+        [state],
+        "0.85.0",
+        time.time(),
+        root=tmp_path,
+    )
+    assert findings == [] and facts["chroots"][0]["content"]["command_prefix_eatmydata"]
+
+
+def test_update_revalidates_state(home, monkeypatch):
+    state_dir = home / ".cache/sbuild/.sbuild-fast"
+    state_dir.mkdir()
+    (state_dir / "x.json").write_text(
+        json.dumps(
+            {
+                "name": "bookworm-amd64",
+                "dist": "bookworm",
+                "arch": "amd64",
+                "mode": "unshare",
+                "include": ["ok", "--root=/"],
+            }
+        )
+    )
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["update"]) == 2 and calls == []
+    (state_dir / "x.json").write_text(
+        json.dumps(
+            {"name": "bookworm-amd64", "dist": "bookworm", "arch": "amd64", "mode": "unshare"}
+        )
+    )
+    monkeypatch.setattr(sf, "host_mirror", lambda root=Path("/"): "http://m.example/debian")
+    assert sf.main(["update"]) == 0 and calls[0][-1] == "http://m.example/debian"
