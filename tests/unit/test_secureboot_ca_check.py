@@ -701,6 +701,12 @@ def test_textfile_dir_missing(tmp_path, capsys):
     assert rc == 2 and "textfile directory" in err
 
 
+def test_named_efivars_directory_missing_is_an_error(tmp_path, capsys):
+    rc, out, err = run(capsys, "--efivars", str(tmp_path / "nonexistent"))
+    assert rc == 2 and out == ""
+    assert err == f"secureboot-ca-check: error: {tmp_path / 'nonexistent'}: no such directory\n"
+
+
 def test_empty_options_mean_defaults(tmp_path, capsys):
     """The timer's unit passes --efivars= and --textfile-dir= from an empty config."""
     rc, out, err = run(capsys, "--root", str(tmp_path), "--efivars=", "--textfile-dir=")

@@ -664,6 +664,9 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
     explicit_shims = [Path(args.shim)] if args.shim else []
     if args.efivars or not args.varstore:
         directory = Path(args.efivars) if args.efivars else root / EFIVARS
+        if args.efivars and not directory.is_dir():
+            # A directory the admin named is bad input, not a host without UEFI.
+            raise Error(f"{directory}: no such directory")
         if not directory.is_dir():
             raise NotApplicable(
                 f"{directory} does not exist: this system did not boot "
