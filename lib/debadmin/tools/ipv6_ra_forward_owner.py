@@ -178,24 +178,14 @@ def networkmanager_active(root: Path) -> bool:
 
 def nm_connection_for(root: Path, ifname: str) -> Optional[Dict[str, str]]:
     """The NetworkManager keyfile bound to ifname: {'id': ..., 'path': ..., 'method': ...}."""
-    for base in NM_CONNECTION_DIRS:
-        directory = root / base
-        try:
-            entries = sorted(directory.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError as exc:
-            raise Error(f"cannot read {directory}: {exc.strerror}") from None
-        for entry in entries:
-            if not entry.name.endswith(".nmconnection"):
-                continue
-            parser = _ini(_read(entry) or "")
-            if parser.get("connection", "interface-name", fallback=None) == ifname:
-                return {
-                    "id": parser.get("connection", "id", fallback=entry.name[:-13]),
-                    "path": str(entry),
-                    "method": parser.get("ipv6", "method", fallback="auto"),
-                }
+    for entry in sysconf.dropin_files(root, NM_CONNECTION_DIRS, ".nmconnection"):
+        parser = _ini(_read(entry) or "")
+        if parser.get("connection", "interface-name", fallback=None) == ifname:
+            return {
+                "id": parser.get("connection", "id", fallback=entry.name[:-13]),
+                "path": str(entry),
+                "method": parser.get("ipv6", "method", fallback="auto"),
+            }
     return None
 
 
