@@ -841,3 +841,14 @@ def test_crashers_stay_fixed(path, tmp_path, capsys):
             warnings.simplefilter("error")
             rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
         assert rc in (1, 2) and err.count("\n") <= 1
+
+
+def test_oversized_varstore_and_pe_are_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(efi, "MAX_VARSTORE", 1 << 20)
+    monkeypatch.setattr(efi, "MAX_PE", 1 << 20)
+    big = tmp_path / "big"
+    big.write_bytes(b"\0" * ((1 << 20) + 1))
+    with pytest.raises(Error, match=r"big: larger than 1 MiB, not a varstore$"):
+        efi.read_varstore(big)
+    with pytest.raises(Error, match=r"big: larger than 1 MiB, not a boot loader$"):
+        efi.read_pe(big)

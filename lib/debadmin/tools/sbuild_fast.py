@@ -595,17 +595,22 @@ def prune_generations(base: Path, name: str, keep: set) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def build_chroot(recipe: Dict, dry_run: bool, would: str, done: str) -> None:
+    """Build the chroot recipe describes in its mode (or say what would be run)."""
+    if recipe["mode"] == "schroot":
+        result = create_schroot(recipe, dry_run)
+    else:
+        result = create_unshare(recipe, user_cache_dir(), dry_run)
+    if dry_run:
+        print("would run: " + " ".join(result["command"]))
+        print(f"would {would} {result['path']}")
+    else:
+        print(f"{done} {result['path']}")
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     recipe = recipe_from(args)
-    if recipe["mode"] == "schroot":
-        result = create_schroot(recipe, args.dry_run)
-    else:
-        result = create_unshare(recipe, user_cache_dir(), args.dry_run)
-    if args.dry_run:
-        print("would run: " + " ".join(result["command"]))
-        print(f"would write {result['path']}")
-    else:
-        print(f"created {result['path']}")
+    build_chroot(recipe, args.dry_run, "write", "created")
     return configure(recipe["mode"], args.configure, args.dry_run)
 
 
@@ -667,16 +672,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         print("no sbuild-fast chroots: nothing to update")
         return EXIT_OK
     for state in states:
-        recipe = recipe_from_state(state, args.mirror)
-        if args.mode == "schroot":
-            result = create_schroot(recipe, args.dry_run)
-        else:
-            result = create_unshare(recipe, user_cache_dir(), args.dry_run)
-        if args.dry_run:
-            print("would run: " + " ".join(result["command"]))
-            print(f"would replace {result['path']}")
-        else:
-            print(f"updated {result['path']}")
+        build_chroot(recipe_from_state(state, args.mirror), args.dry_run, "replace", "updated")
     return EXIT_OK
 
 

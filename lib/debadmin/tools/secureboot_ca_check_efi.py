@@ -342,15 +342,20 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     return variables
 
 
-def read_varstore(path: Path) -> Dict[str, Variable]:
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The whole file, refused without reading further once it exceeds limit bytes."""
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_VARSTORE + 1)
+            data = handle.read(limit + 1)
     except OSError as exc:
         raise Error(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_VARSTORE:
-        raise Error(f"{path}: larger than {MAX_VARSTORE >> 20} MiB, not a varstore")
-    return parse_varstore(data, str(path))
+    if len(data) > limit:
+        raise Error(f"{path}: larger than {limit >> 20} MiB, not {what}")
+    return data
+
+
+def read_varstore(path: Path) -> Dict[str, Variable]:
+    return parse_varstore(read_bounded(path, MAX_VARSTORE, "a varstore"), str(path))
 
 
 def boolean_variable(variables: Dict[str, Variable], name: str, source: str) -> Optional[bool]:
@@ -473,14 +478,7 @@ def parse_pe(data: bytes, source: str) -> PeImage:
 
 
 def read_pe(path: Path) -> PeImage:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PE + 1)
-    except OSError as exc:
-        raise Error(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_PE:
-        raise Error(f"{path}: larger than {MAX_PE >> 20} MiB, not a boot loader")
-    return parse_pe(data, str(path))
+    return parse_pe(read_bounded(path, MAX_PE, "a boot loader"), str(path))
 
 
 # --- certificates -------------------------------------------------------------------------------
