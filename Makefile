@@ -33,7 +33,7 @@ TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd p
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f
 SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
-BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!(/usr)?/bin/(env )?bash' {} +)
+BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
 	install-debs integration lint clean subids

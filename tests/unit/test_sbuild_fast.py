@@ -1,8 +1,9 @@
 """Unit tests for sbuild-fast: inputs, mmdebstrap recipe, config block, atomic placement."""
 
-import io
 import json
 import os
+import shutil
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -145,6 +146,52 @@ def test_mmdebstrap_argv_keep_docs_no_eatmydata():
     assert "Dir::Bin::dpkg" not in " ".join(argv)
     # man-db stays off either way
     assert any("man-db/auto-update" in a for a in argv)
+
+
+def test_mmdebstrap_refresh_argv_unshare():
+    argv = sf.mmdebstrap_refresh_argv(
+        RECIPE, "/c/bookworm-amd64.tar", "/c/tmp.x/out.tar", "unshare"
+    )
+    assert argv[:4] == ["mmdebstrap", "--mode=unshare", "--variant=custom", "--arch=amd64"]
+    assert "--skip=update,download" in argv and "--skip=cleanup/apt/lists" in argv
+    (setup,) = [a for a in argv if a.startswith("--setup-hook=")]
+    assert "-xf /c/bookworm-amd64.tar" in setup and "--exclude=./dev/*" in setup
+    hooks = [a.split("=", 1)[1] for a in argv if a.startswith("--customize-hook=")]
+    assert hooks[0] == 'chroot "$1" apt-get -q update'
+    assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
+    assert hooks[2].endswith(" install fakeroot debhelper eatmydata dh-python")
+    assert hooks[3].endswith(" --purge autoremove")
+    assert hooks[4] == sf.EATMYDATA_HOOK and hooks[5] == sf.CLEANUP_HOOK
+    assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
+    assert argv[-3:] == ["bookworm", "/c/tmp.x/out.tar", "http://deb.debian.org/debian"]
+
+
+def run_setup_hook(argv, root):
+    (setup,) = [a.split("=", 1)[1] for a in argv if a.startswith("--setup-hook=")]
+    subprocess.run(["sh", "-c", setup, "exec", str(root)], check=True)
+
+
+@pytest.mark.parametrize("mode", ["unshare", "root"])
+def test_refresh_setup_hook_copies_the_old_chroot(tmp_path, mode):
+    """The setup hook, run for real: the old chroot's files arrive in the new root (also
+    from a path with a space and a quote), its device nodes and sources.list do not."""
+    old = tmp_path / "it's old"
+    for rel, data in (("etc/apt/sources.list", "deb old\n"), ("usr/bin/dh", "x"), ("dev/x", "")):
+        (old / rel).parent.mkdir(parents=True, exist_ok=True)
+        (old / rel).write_text(data)
+    source = old
+    if mode == "unshare":
+        source = tmp_path / "it's old.tar"
+        with tarfile.open(source, "w") as tar:
+            tar.add(old, arcname=".")
+    new = tmp_path / "new"
+    (new / "dev").mkdir(parents=True)
+    (new / "etc/apt").mkdir(parents=True)
+    (new / "etc/apt/sources.list").write_text("deb new\n")
+    run_setup_hook(sf.mmdebstrap_refresh_argv(RECIPE, str(source), "/o.tar", mode), new)
+    assert (new / "usr/bin/dh").read_text() == "x"
+    assert (new / "etc/apt/sources.list").read_text() == "deb new\n"
+    assert not (new / "dev/x").exists()
 
 
 # --- the sbuild configuration block -----------------------------------------------------
@@ -336,16 +383,39 @@ def test_dry_run_touches_nothing(home, monkeypatch, capsys):
 # --- update / list / remove ----------------------------------------------------------------
 
 
-def test_update_recreates_with_recorded_recipe(home, monkeypatch, capsys):
+def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
-    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap(b"fresh")[0])
-    assert sf.main(["update", "bookworm"]) == 0
     cache = home / ".cache/sbuild"
+    refresh, calls2 = fake_mmdebstrap(b"fresh")
+    monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
+    assert sf.main(["update", "bookworm"]) == 0
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
     assert "--include=fakeroot,debhelper,eatmydata,dh-python" in calls[0]
+    argv = calls2[0]
+    assert "--variant=custom" in argv
+    assert any(
+        a.startswith("--setup-hook=") and str(cache / "bookworm-amd64.tar") in a for a in argv
+    )
+    assert any(a.endswith("install fakeroot debhelper eatmydata dh-python") for a in argv)
+    assert not any(a.startswith("--dpkgopt=") for a in argv)  # --keep-docs was recorded
     assert sf.main(["update", "trixie"]) == 2
+    # --recreate, and a tarball that has gone: built from the archive again
+    assert sf.main(["update", "--recreate", "bookworm"]) == 0
+    (cache / "bookworm-amd64.tar").unlink()
+    assert sf.main(["update", "bookworm"]) == 0
+    assert [a[2] for a in calls2] == ["--variant=custom", "--variant=buildd", "--variant=buildd"]
+    assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
+
+
+def test_update_mirror_is_recorded(home, monkeypatch, capsys):
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm", "--mirror", "http://a.example/debian"]) == 0
+    assert sf.main(["update", "--mirror", "http://b.example/debian/"]) == 0
+    assert sf.main(["update"]) == 0
+    assert [a[-1] for a in calls] == ["http://a.example/debian"] + ["http://b.example/debian"] * 2
 
 
 def test_update_nothing(home, capsys):
@@ -372,29 +442,27 @@ def test_list_and_remove(home, monkeypatch, capsys):
 # --- doctor --------------------------------------------------------------------------------
 
 
-def make_tar(path, eatmydata=True, mandb=False):
+def make_tar(path, eatmydata=True, mandb=False, apt_wrappers=True):
+    """A chroot tarball as create makes it: the eatmydata wiring comes from running the
+    real customize hook on a directory."""
+    root = Path(str(path) + ".tree")
+    for rel in ("usr/bin/dh", "usr/bin/fakeroot"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    (root / "etc/apt/apt.conf.d").mkdir(parents=True)
+    (root / "etc/sbuild-fast").write_text("sbuild-fast 0.1.0\n")
+    if eatmydata:
+        (root / "usr/bin/eatmydata").touch()
+        subprocess.run(["sh", "-c", sf.EATMYDATA_HOOK, "exec", str(root)], check=True)
+        if not apt_wrappers:  # a chroot from sbuild-fast 0.1.0
+            for name in sf.APT_WRAPPERS:
+                (root / "usr/local/bin" / name).unlink()
+    if mandb:
+        (root / "var/lib/man-db").mkdir(parents=True)
+        (root / "var/lib/man-db/auto-update").touch()
     with tarfile.open(path, "w") as tar:
-
-        def add(name, data=b"", link=None):
-            info = tarfile.TarInfo(name)
-            if link:
-                info.type, info.linkname = tarfile.SYMTYPE, link
-            else:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if not link else None)
-
-        add("./usr/bin/dh")
-        add("./usr/bin/fakeroot")
-        add("./etc/sbuild-fast", b"sbuild-fast 0.1.0\n")
-        if eatmydata:
-            add("./usr/bin/eatmydata")
-            add("./usr/local/libexec/sbuild-fast/dpkg", link="/usr/bin/eatmydata")
-            add(
-                "./etc/apt/apt.conf.d/90sbuild-fast-eatmydata",
-                b'Dir::Bin::dpkg "/usr/local/libexec/sbuild-fast/dpkg";\n',
-            )
-        if mandb:
-            add("./var/lib/man-db/auto-update")
+        tar.add(root, arcname=".")
+    shutil.rmtree(root)
 
 
 def test_inspect_tarball(tmp_path):
@@ -403,9 +471,15 @@ def test_inspect_tarball(tmp_path):
     make_tar(bad, eatmydata=False, mandb=True)
     found = sf.inspect_tarball(good)
     assert found["debhelper"] and found["eatmydata_dpkg"] and found["apt_uses_eatmydata"]
+    assert found["apt_under_eatmydata"]
     assert not found["mandb_auto_update"]
     found = sf.inspect_tarball(bad)
     assert not found["apt_uses_eatmydata"] and found["mandb_auto_update"]
+    assert not found["apt_under_eatmydata"]
+    old = tmp_path / "old.tar"
+    make_tar(old, apt_wrappers=False)
+    found = sf.inspect_tarball(old)
+    assert found["apt_uses_eatmydata"] and not found["apt_under_eatmydata"]
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
     with pytest.raises(Error):
         sf.inspect_tarball(tmp_path / "junk.tar")
@@ -484,6 +558,12 @@ def test_doctor_finds_everything_else(tmp_path, monkeypatch):
         "sync-mount",
         "unpack-not-tmpfs",
     ]
+
+
+def test_doctor_chroot_from_0_1_0_lacks_apt_wrappers(tmp_path, monkeypatch):
+    findings, _ = doctor(tmp_path, monkeypatch, {}, tar_kwargs={"apt_wrappers": False})
+    (finding,) = [f for f in findings if f["kind"] == "no-eatmydata"]
+    assert "sbuild-fast update bookworm" in finding["message"]
 
 
 def test_doctor_schroot_directory(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import logging
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,10 +59,18 @@ DPKG_EXCLUDES = (
 MANDB_HOOK = (
     'echo "man-db man-db/auto-update boolean false" ' '| chroot "$1" debconf-set-selections'
 )
-# apt runs dpkg through a symlink called dpkg that points to eatmydata (mk-sbuild's way).
+# apt runs dpkg through a symlink called dpkg that points to eatmydata (mk-sbuild's way),
+# and apt-get/apt-cache themselves run under eatmydata through wrappers in /usr/local/bin,
+# which comes first in sbuild's PATH: apt's own writes (lists, caches) skip fsync too.
+APT_WRAPPERS = ("apt-get", "apt-cache")
+APT_WRAPPER_DIR = "/usr/local/bin"
+APT_WRAPPER_TAG = "# sbuild-fast: apt without fsync"
 EATMYDATA_HOOK = (
     f'mkdir -p "$1{EATMYDATA_DIR}" && ln -sf /usr/bin/eatmydata "$1{EATMYDATA_DIR}/dpkg" && '
-    f'printf \'Dir::Bin::dpkg "{EATMYDATA_DIR}/dpkg";\\n\' > "$1{EATMYDATA_APT_CONF}"'
+    f'printf \'Dir::Bin::dpkg "{EATMYDATA_DIR}/dpkg";\\n\' > "$1{EATMYDATA_APT_CONF}" && '
+    f'mkdir -p "$1{APT_WRAPPER_DIR}" && for t in {" ".join(APT_WRAPPERS)}; do '
+    f"printf '#!/bin/sh\\n{APT_WRAPPER_TAG}\\nexec /usr/bin/eatmydata /usr/bin/%s \"$@\"\\n' "
+    f'"$t" > "$1{APT_WRAPPER_DIR}/$t" && chmod 755 "$1{APT_WRAPPER_DIR}/$t" || exit 1; done'
 )
 # Package lists and apt's binary caches stay (apt update then fetches only what changed
 # and apt does not parse the lists again when sbuild adds its local archive); .debs go.
@@ -211,32 +220,80 @@ def shadowing_names(dist: str, arch: str) -> List[str]:
 # --- mmdebstrap --------------------------------------------------------------------------
 
 
-def mmdebstrap_argv(recipe: Dict, output: str, mode: str) -> List[str]:
-    """The mmdebstrap command for a recipe (dist, arch, mirror, include, keep_docs, eatmydata)."""
+def _common_options(recipe: Dict) -> List[str]:
+    options = [
+        '--aptopt=APT::Install-Recommends "false"',
+        '--aptopt=Acquire::Languages "none"',
+    ]
+    if not recipe["keep_docs"]:
+        options += [f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES]
+    return options
+
+
+def _packages(recipe: Dict) -> List[str]:
     include = list(BASE_INCLUDE)
     if recipe["eatmydata"]:
         include.append("eatmydata")
-    include += [p for p in recipe["include"] if p not in include]
+    return include + [p for p in recipe["include"] if p not in include]
+
+
+def _tail(recipe: Dict, output: str) -> List[str]:
+    argv = [f"--customize-hook={EATMYDATA_HOOK}"] if recipe["eatmydata"] else []
+    argv.append(f"--customize-hook={CLEANUP_HOOK}")
+    argv += ["--skip=cleanup/apt/lists", "--skip=cleanup/apt/cache"]
+    if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
+        argv.append("--quiet")
+    return argv + [recipe["dist"], output, recipe["mirror"]]
+
+
+def mmdebstrap_argv(recipe: Dict, output: str, mode: str) -> List[str]:
+    """The mmdebstrap command for a recipe (dist, arch, mirror, include, keep_docs, eatmydata)."""
     argv = [
         "mmdebstrap",
         f"--mode={mode}",
         "--variant=buildd",
         f"--arch={recipe['arch']}",
-        f"--include={','.join(include)}",
-        '--aptopt=APT::Install-Recommends "false"',
-        '--aptopt=Acquire::Languages "none"',
+        f"--include={','.join(_packages(recipe))}",
+        *_common_options(recipe),
+        f"--essential-hook={MANDB_HOOK}",
     ]
-    if not recipe["keep_docs"]:
-        argv += [f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES]
-    argv.append(f"--essential-hook={MANDB_HOOK}")
-    if recipe["eatmydata"]:
-        argv.append(f"--customize-hook={EATMYDATA_HOOK}")
-    argv.append(f"--customize-hook={CLEANUP_HOOK}")
-    argv += ["--skip=cleanup/apt/lists", "--skip=cleanup/apt/cache"]
-    if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
-        argv.append("--quiet")
-    argv += [recipe["dist"], output, recipe["mirror"]]
-    return argv
+    return argv + _tail(recipe, output)
+
+
+# What a refresh must not take from the old chroot: device nodes (mmdebstrap makes its
+# own, and an unprivileged user cannot) and sources.list (mmdebstrap writes it for the
+# mirror of this run, so 'update --mirror' takes effect).
+REFRESH_EXCLUDES = ("--exclude=./dev/*", "--exclude=./etc/apt/sources.list")
+APT_NONINTERACTIVE = (
+    'chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get -y -q '
+    "-o Dpkg::Options::=--force-confold"
+)
+
+
+def mmdebstrap_refresh_argv(recipe: Dict, source: str, output: str, mode: str) -> List[str]:
+    """mmdebstrap starting from the chroot at source (a tarball in unshare mode, a
+    directory in schroot mode): apt update, dist-upgrade, the recipe's packages installed
+    again (idempotent), autoremove, the eatmydata and man-db wiring re-applied."""
+    quoted = shlex.quote(source)
+    excludes = " ".join(REFRESH_EXCLUDES)
+    if mode == "unshare":
+        copy = f'tar -C "$1" {excludes} -xf {quoted}'
+    else:
+        copy = f'tar -C {quoted} {excludes} -cf - . | tar -C "$1" -xf -'
+    argv = [
+        "mmdebstrap",
+        f"--mode={mode}",
+        "--variant=custom",
+        f"--arch={recipe['arch']}",
+        *_common_options(recipe),
+        "--skip=update,download",
+        f"--setup-hook={copy}",
+        '--customize-hook=chroot "$1" apt-get -q update',
+        f"--customize-hook={APT_NONINTERACTIVE} dist-upgrade",
+        f"--customize-hook={APT_NONINTERACTIVE} install {' '.join(_packages(recipe))}",
+        f"--customize-hook={APT_NONINTERACTIVE} --purge autoremove",
+    ]
+    return argv + _tail(recipe, output)
 
 
 def _stderr_is_tty() -> bool:
@@ -390,7 +447,8 @@ def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[st
         "# The chroot is thrown away after each build: purging build-deps is wasted time.",
         "$purge_build_deps = 'never';",
         "# Package lists ship in the chroot, so apt update only fetches what changed; the",
-        "# weekly re-creation keeps packages current, so no upgrade run at every build.",
+        "# weekly refresh (sbuild-fast-update.timer) keeps packages current: no upgrade",
+        "# at every build.",
         "$apt_update = 1;",
         "$apt_distupgrade = 0;",
         "$apt_upgrade = 0;",
@@ -448,7 +506,15 @@ def conflicting_files(cache_dir: Path, name: str, ours: str) -> List[str]:
     return [f for f in matching_files(cache_dir, name) if f != ours]
 
 
-def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool) -> Dict:
+def chroot_argv(recipe: Dict, source: Optional[Path], output: str, mode: str) -> List[str]:
+    if source is None:
+        return mmdebstrap_argv(recipe, output, mode)
+    return mmdebstrap_refresh_argv(recipe, str(source), output, mode)
+
+
+def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool, refresh: bool = False) -> Dict:
+    """Build the tarball (refresh: from the current one with apt update + dist-upgrade,
+    when there is one) and rename it into place under the lock."""
     name = recipe["name"]
     target = cache_dir / f"{name}.tar"
     state_dir = cache_dir / STATE_SUBDIR
@@ -466,7 +532,8 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool) -> Dict:
                 target.name,
                 recipe["dist"],
             )
-    argv = mmdebstrap_argv(recipe, str(state_dir / "tmp.XXXXXXXXXX" / target.name), "unshare")
+    source = target if refresh and target.is_file() else None
+    argv = chroot_argv(recipe, source, str(state_dir / "tmp.XXXXXXXXXX" / target.name), "unshare")
     if dry_run:
         return {"name": name, "path": str(target), "changed": False, "command": argv}
     for directory in (cache_dir, state_dir):
@@ -478,7 +545,10 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool) -> Dict:
         remove_stale_scratch(state_dir)
         with scratch_dir(state_dir) as scratch:
             output = scratch / target.name
-            argv = mmdebstrap_argv(recipe, str(output), "unshare")
+            source = target if refresh and target.is_file() else None
+            if refresh and source is None:
+                log.info("%s is missing: creating it from the archive", target)
+            argv = chroot_argv(recipe, source, str(output), "unshare")
             run_mmdebstrap(argv)
             if not output.is_file() or output.stat().st_size == 0:
                 raise Error("mmdebstrap wrote no tarball")
@@ -534,7 +604,18 @@ def schroot_names_in_use(root: Path, own_conf: Path) -> set:
     return names
 
 
-def create_schroot(recipe: Dict, dry_run: bool, root: Path = Path("/")) -> Dict:
+def current_generation(link: Path) -> Optional[Path]:
+    """The directory the schroot symlink points at, if it is there."""
+    try:
+        real = link.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return real if real.is_dir() else None
+
+
+def create_schroot(
+    recipe: Dict, dry_run: bool, root: Path = Path("/"), refresh: bool = False
+) -> Dict:
     if os.geteuid() != 0 and not dry_run:
         raise Error("--mode schroot needs root")
     name = recipe["name"]
@@ -544,7 +625,8 @@ def create_schroot(recipe: Dict, dry_run: bool, root: Path = Path("/")) -> Dict:
     state_dir = root / SCHROOT_STATE_DIR
     in_use = schroot_names_in_use(root, conf)
     aliases = [a for a in (f"{name}-sbuild", f"{recipe['dist']}-sbuild") if a not in in_use]
-    argv = mmdebstrap_argv(recipe, str(base / "tmp.XXXXXXXXXX/tree"), "root")
+    source = current_generation(link) if refresh else None
+    argv = chroot_argv(recipe, source, str(base / "tmp.XXXXXXXXXX/tree"), "root")
     if dry_run:
         return {
             "name": name,
@@ -563,7 +645,8 @@ def create_schroot(recipe: Dict, dry_run: bool, root: Path = Path("/")) -> Dict:
         generation = base / "gen" / f"{name}.{time.strftime('%Y%m%dT%H%M%S')}"
         with scratch_dir(base) as scratch:
             tree = scratch / "tree"
-            argv = mmdebstrap_argv(recipe, str(tree), "root")
+            source = current_generation(link) if refresh else None
+            argv = chroot_argv(recipe, source, str(tree), "root")
             run_mmdebstrap(argv)
             proc.run(["sync", "--file-system", str(tree)], check=False)
             os.rename(tree, generation)
@@ -595,12 +678,15 @@ def prune_generations(base: Path, name: str, keep: set) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_chroot(recipe: Dict, dry_run: bool, would: str, done: str) -> None:
-    """Build the chroot recipe describes in its mode (or say what would be run)."""
+def build_chroot(
+    recipe: Dict, dry_run: bool, would: str, done: str, refresh: bool = False
+) -> None:
+    """Build the chroot recipe describes in its mode (or say what would be run); refresh
+    starts from the current chroot instead of the archive alone."""
     if recipe["mode"] == "schroot":
-        result = create_schroot(recipe, dry_run)
+        result = create_schroot(recipe, dry_run, refresh=refresh)
     else:
-        result = create_unshare(recipe, user_cache_dir(), dry_run)
+        result = create_unshare(recipe, user_cache_dir(), dry_run, refresh=refresh)
     if dry_run:
         print("would run: " + " ".join(result["command"]))
         print(f"would {would} {result['path']}")
@@ -672,7 +758,8 @@ def cmd_update(args: argparse.Namespace) -> int:
         print("no sbuild-fast chroots: nothing to update")
         return EXIT_OK
     for state in states:
-        build_chroot(recipe_from_state(state, args.mirror), args.dry_run, "replace", "updated")
+        recipe = recipe_from_state(state, args.mirror)
+        build_chroot(recipe, args.dry_run, "replace", "updated", refresh=not args.recreate)
     return EXIT_OK
 
 
@@ -759,6 +846,12 @@ def cmd_remove(args: argparse.Namespace) -> int:
             else:
                 fsutil.remove_file(path)
             print(f"removed {path}")
+        # Directories the last chroot leaves empty go too; the lock file stays, as
+        # another run may be waiting on it.
+        leftovers = [base / "gen", Path("/") / SCHROOT_STATE_DIR] if args.mode == "schroot" else []
+        for directory in leftovers:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
     return EXIT_OK
 
 
@@ -818,6 +911,7 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
         "eatmydata": False,
         "eatmydata_dpkg": False,
         "apt_uses_eatmydata": False,
+        "apt_under_eatmydata": False,
         "mandb_auto_update": False,
         "marker": False,
         "docs_excluded": False,
@@ -842,6 +936,12 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
                     handle = tar.extractfile(member)
                     text = handle.read(4096).decode("utf-8", "replace") if handle else ""
                     found["apt_uses_eatmydata"] = f'"{EATMYDATA_DIR}/dpkg"' in text
+                elif name == f".{APT_WRAPPER_DIR}/apt-get" and member.isfile():
+                    handle = tar.extractfile(member)
+                    text = handle.read(4096).decode("utf-8", "replace") if handle else ""
+                    found["apt_under_eatmydata"] = APT_WRAPPER_TAG in text and bool(
+                        re.search(r"^exec /usr/bin/eatmydata /usr/bin/apt-get ", text, re.M)
+                    )
                 elif name == "./var/lib/man-db/auto-update":
                     found["mandb_auto_update"] = True
                 elif name == "." + MARKER:
@@ -966,10 +1066,12 @@ def doctor_findings(
                     content["eatmydata"]
                     and content["eatmydata_dpkg"]
                     and content["apt_uses_eatmydata"]
+                    and content["apt_under_eatmydata"]
                 ):
                     add(
                         "no-eatmydata",
-                        f"apt in {info['path']} does not run dpkg under " "eatmydata",
+                        f"apt and dpkg in {info['path']} do not run under eatmydata: "
+                        f"run 'sbuild-fast update {state['dist']}'",
                         info["path"],
                     )
                 if content["mandb_auto_update"]:
@@ -1165,9 +1267,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_verbosity(create)
     create.set_defaults(func=cmd_create)
 
-    update = sub.add_parser("update", help="re-create chroots from the archive, atomically")
+    update = sub.add_parser(
+        "update", help="refresh chroots (apt update + dist-upgrade) and replace them atomically"
+    )
     update.add_argument("dist", nargs="*", metavar="DIST")
-    update.add_argument("--mirror", metavar="URL", help="use another archive this time")
+    update.add_argument("--mirror", metavar="URL", help="use another archive from now on")
+    update.add_argument(
+        "--recreate",
+        action="store_true",
+        help="build the chroots again from the archive instead of refreshing them",
+    )
     mode_option(update)
     update.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(update)

@@ -1,9 +1,20 @@
 # Sourced by integration tests: skips, failures, and booted systemd-nspawn containers.
 # shellcheck shell=bash
 
+# Debian's tools first: a python3 elsewhere on PATH lacks python3-apt and friends.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}
+
 skip() { echo "SKIP: $*" >&2; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 ok() { echo "ok: $*"; }
+# has GREP-ARGS...: 'grep -q' that drains its input, so that under pipefail the
+# command writing into the pipe never dies of SIGPIPE when the match comes early.
+has() {
+    local rc=0
+    grep -q "$@" || rc=$?
+    cat > /dev/null
+    return "$rc"
+}
 
 require_root() { [ "$(id -u)" = 0 ] || skip "needs root"; }
 require_cmd() {
@@ -102,7 +113,7 @@ ct_debs() {
     local dir=$1 pkg f
     shift
     for pkg in "$@"; do
-        f=$(ls "$dir/${pkg}"_*_all.deb 2>/dev/null | head -n1)
+        f=$(find "$dir" -maxdepth 1 -name "${pkg}_*_all.deb" | sort | head -n1)
         [ -n "$f" ] || fail "no built package $pkg in $dir"
         echo "/debs/$(basename "$f")"
     done
