@@ -485,10 +485,14 @@ def test_inspect_tarball(tmp_path):
         sf.inspect_tarball(tmp_path / "junk.tar")
 
 
-def doctor(tmp_path, monkeypatch, fs, tar_kwargs=None, age_days=0.0, extra_files=()):
+def doctor(
+    tmp_path, monkeypatch, fs, tar_kwargs=None, age_days=0.0, extra_files=(), truncate_tar=False
+):
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     make_tar(cache / "bookworm-amd64.tar", **(tar_kwargs or {}))
+    if truncate_tar:
+        (cache / "bookworm-amd64.tar").write_bytes(b"")
     for name in extra_files:
         (cache / name).touch()
     (tmp_path / "etc").mkdir(exist_ok=True)
@@ -564,6 +568,15 @@ def test_doctor_chroot_from_0_1_0_lacks_apt_wrappers(tmp_path, monkeypatch):
     findings, _ = doctor(tmp_path, monkeypatch, {}, tar_kwargs={"apt_wrappers": False})
     (finding,) = [f for f in findings if f["kind"] == "no-eatmydata"]
     assert "sbuild-fast update bookworm" in finding["message"]
+
+
+def test_doctor_unreadable_tarball_is_a_finding(tmp_path, monkeypatch):
+    findings, facts = doctor(
+        tmp_path, monkeypatch, {}, tar_kwargs={}, extra_files=(), truncate_tar=True
+    )
+    (finding,) = [f for f in findings if f["kind"] == "unreadable"]
+    assert "update --recreate bookworm" in finding["message"]
+    assert "content" not in facts["chroots"][0]
 
 
 def test_doctor_schroot_directory(tmp_path, monkeypatch):

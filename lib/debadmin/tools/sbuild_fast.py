@@ -1052,8 +1052,17 @@ def doctor_findings(
                     f"{other} competes with {state['name']}.tar in " "sbuild's lookup",
                     str(cache_dir / other),
                 )
+            content = None
             if inspect:
-                content = inspect_tarball(Path(info["path"]))
+                try:
+                    content = inspect_tarball(Path(info["path"]))
+                except Error as exc:
+                    add(
+                        "unreadable",
+                        f"{exc}: run 'sbuild-fast update --recreate {state['dist']}'",
+                        info["path"],
+                    )
+            if content is not None:
                 info["content"] = content
                 for key, what in (("debhelper", "debhelper"), ("fakeroot", "fakeroot")):
                     if not content[key]:
