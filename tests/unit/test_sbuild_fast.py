@@ -233,6 +233,27 @@ def test_merge_config_no_trailing_newline():
 # --- sbuild's lookup ----------------------------------------------------------------------
 
 
+def test_sbuildrc_path_follows_sbuild(tmp_path):
+    env = {"HOME": str(tmp_path)}
+    rc = tmp_path / ".sbuildrc"
+    assert sf.sbuildrc_path(env, "0.85.0") == rc
+    assert sf.sbuildrc_path(env, "0.89.3+deb13u4") == rc  # no config.pl: ~/.sbuildrc
+    config_pl = tmp_path / ".config/sbuild/config.pl"
+    config_pl.parent.mkdir(parents=True)
+    config_pl.write_text("1;\n")
+    # sbuild >= 0.87.1 reads config.pl and then ignores ~/.sbuildrc; 0.85 never reads it
+    assert sf.sbuildrc_path(env, "0.89.3+deb13u4") == config_pl
+    assert sf.sbuildrc_path(env, "0.87.1") == config_pl
+    assert sf.sbuildrc_path(env, "0.87.0") == rc
+    assert sf.sbuildrc_path(env, "0.85.0") == rc
+    xdg = tmp_path / "xdg"
+    (xdg / "sbuild").mkdir(parents=True)
+    (xdg / "sbuild/config.pl").write_text("1;\n")
+    assert sf.sbuildrc_path(dict(env, XDG_CONFIG_HOME=str(xdg)), "0.89.3") == (
+        xdg / "sbuild/config.pl"
+    )
+
+
 def test_matching_files_like_sbuild(tmp_path):
     for name in (
         "bookworm-amd64.tar",

@@ -194,9 +194,17 @@ def user_cache_dir(env: Optional[Dict[str, str]] = None) -> Path:
     return Path(home) / ".cache/sbuild"
 
 
-def sbuildrc_path(env: Optional[Dict[str, str]] = None) -> Path:
+def sbuildrc_path(env: Optional[Dict[str, str]] = None, sbuild_ver: Optional[str] = None) -> Path:
+    """The user's sbuild configuration file that sbuild really reads: from sbuild 0.87.1
+    on, $XDG_CONFIG_HOME/sbuild/config.pl when it exists, and ~/.sbuildrc is then ignored;
+    otherwise ~/.sbuildrc."""
     env = dict(os.environ) if env is None else env
     home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    if sbuild_ver and debver.at_least(sbuild_ver, "0.87.1"):
+        config_home = Path(env.get("XDG_CONFIG_HOME") or Path(home) / ".config")
+        config_pl = config_home / "sbuild/config.pl"
+        if os.access(config_pl, os.R_OK):
+            return config_pl
     return Path(home) / ".sbuildrc"
 
 
@@ -701,8 +709,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def configure(mode: str, write: bool, dry_run: bool) -> int:
-    block = config_block(mode, sbuild_version(), tmpfs_unpack_template())
-    rc_path = sbuildrc_path()
+    sbuild_ver = sbuild_version()
+    block = config_block(mode, sbuild_ver, tmpfs_unpack_template())
+    rc_path = sbuildrc_path(sbuild_ver=sbuild_ver)
     try:
         current = rc_path.read_text(encoding="utf-8")
     except FileNotFoundError:
