@@ -10,12 +10,17 @@ from typing import BinaryIO, Iterator, Optional, Union
 from debadmin.errors import Error
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path, flags: int = 0) -> None:
+    """fsync(2) a file (or, with os.O_DIRECTORY, a directory) by name."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    fsync_path(directory, os.O_DIRECTORY)
 
 
 @contextlib.contextmanager

@@ -618,27 +618,23 @@ def test_doctor_schroot_directory(tmp_path, monkeypatch):
     for kind in ("subuid", "subgid"):
         (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
     state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
-    findings, facts = sf.doctor_findings(
-        tmp_path / "cache",
-        {"chroot_mode": "schroot"},
-        [],
-        [state],
-        "0.85.0",
-        time.time(),
-        root=tmp_path,
-    )
+
+    def run_doctor():
+        return sf.doctor_findings(
+            tmp_path / "cache",
+            {"chroot_mode": "schroot"},
+            [],
+            [state],
+            "0.85.0",
+            time.time(),
+            root=tmp_path,
+        )
+
+    findings, facts = run_doctor()
     assert kinds(findings) == ["man-db", "no-eatmydata"]
     conf.write_text(sf.schroot_conf(RECIPE, chroot, ["bookworm-amd64-sbuild"]))
     (chroot / "var/lib/man-db/auto-update").unlink()
-    findings, facts = sf.doctor_findings(
-        tmp_path / "cache",
-        {"chroot_mode": "schroot"},
-        [],
-        [state],
-        "0.85.0",
-        time.time(),
-        root=tmp_path,
-    )
+    findings, facts = run_doctor()
     assert findings == [] and facts["chroots"][0]["content"]["command_prefix_eatmydata"]
 
 

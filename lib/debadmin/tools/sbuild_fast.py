@@ -345,14 +345,6 @@ def run_mmdebstrap(argv: List[str]) -> None:
         raise Error(f"mmdebstrap failed with exit status {rc}")
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def scratch_dir(parent: Path) -> Iterator[Path]:
     """A temporary directory under parent, removed on the way out whatever happens."""
@@ -561,7 +553,7 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool, refresh: bool =
             if not output.is_file() or output.stat().st_size == 0:
                 raise Error("mmdebstrap wrote no tarball")
             os.chmod(output, 0o644)
-            fsync_path(output)
+            fsutil.fsync_path(output)
             # rename(2): a build streaming the old tarball keeps reading the old inode.
             os.replace(output, target)
             fsutil.fsync_dir(cache_dir)
@@ -1276,10 +1268,13 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--no-eatmydata",
         action="store_true",
-        help="run dpkg with its fsyncs (slower, for pristine checks)",
+        help="run apt and dpkg with their fsyncs (slower, for pristine checks)",
     )
     create.add_argument(
-        "--configure", action="store_true", help="write the sbuild settings block to ~/.sbuildrc"
+        "--configure",
+        action="store_true",
+        help="write the sbuild settings block to the sbuild configuration file "
+        "(~/.sbuildrc, or ~/.config/sbuild/config.pl for sbuild >= 0.87.1)",
     )
     create.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(create)
