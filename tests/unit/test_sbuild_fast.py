@@ -662,3 +662,20 @@ def test_update_revalidates_state(home, monkeypatch):
     )
     monkeypatch.setattr(sf, "host_mirror", lambda root=Path("/"): "http://m.example/debian")
     assert sf.main(["update"]) == 0 and calls[0][-1] == "http://m.example/debian"
+
+
+def test_run_mmdebstrap_runs_in_root_directory(tmp_path, monkeypatch):
+    # mmdebstrap's hooks run as the namespace's root, who cannot enter a 0700 home
+    # (trixie's default): find(1) in a hook then fails. The child must start in /.
+    out = tmp_path / "cwd"
+    work = tmp_path / "home"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    sf.run_mmdebstrap(["sh", "-c", f"pwd > '{out}'"])
+    assert out.read_text() == "/\n"
+
+
+def test_user_cache_dir_is_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert sf.user_cache_dir({"XDG_CACHE_HOME": "rel"}) == tmp_path / "rel" / "sbuild"
+    assert sf.user_cache_dir({"HOME": "h"}) == tmp_path / "h" / ".cache/sbuild"

@@ -189,9 +189,10 @@ def user_cache_dir(env: Optional[Dict[str, str]] = None) -> Path:
     """Where sbuild looks for unshare tarballs: $XDG_CACHE_HOME/sbuild, else ~/.cache/sbuild."""
     env = dict(os.environ) if env is None else env
     if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]) / "sbuild"
+        # Absolute, as sbuild (run from the same directory) would see it: mmdebstrap runs in /.
+        return Path(env["XDG_CACHE_HOME"]).absolute() / "sbuild"
     home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-    return Path(home) / ".cache/sbuild"
+    return Path(home).absolute() / ".cache/sbuild"
 
 
 def sbuildrc_path(env: Optional[Dict[str, str]] = None, sbuild_ver: Optional[str] = None) -> Path:
@@ -322,11 +323,15 @@ def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
 
 
 def run_mmdebstrap(argv: List[str]) -> None:
-    """Run mmdebstrap; an interrupt (SIGINT/SIGTERM) stops it and waits for its cleanup."""
+    """Run mmdebstrap in /; an interrupt (SIGINT/SIGTERM) stops it and waits for its cleanup.
+
+    Not in the caller's directory: mmdebstrap's hooks run as the namespace's root, who
+    cannot enter a home directory of mode 0700 (trixie's useradd default), and find(1)
+    fails when it cannot return to its starting directory."""
     log.info("running: %s", " ".join(argv))
     env = dict(os.environ, LC_ALL="C.UTF-8")
     try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/")
     except FileNotFoundError:
         raise Error("mmdebstrap: command not found") from None
     try:

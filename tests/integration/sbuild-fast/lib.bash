@@ -93,3 +93,48 @@ sbf_remove_mmdebstrap_leftovers() {
         fi
     done
 }
+
+# sbf_make_tree RELEASE ROOT DEBS LOG [PKG...]: a RELEASE tree in ROOT with sbuild,
+# mmdebstrap, what unshare-mode sbuild needs on its host, PKG... and the built
+# python3-debadmin and sbuild-fast packages from DEBS installed; output to LOG.
+# It is made to become the root of a mount namespace (sbf_in_root), so that the
+# tests and the bench can run another release's sbuild on this host.
+sbf_make_tree() {
+    local release=$1 root=$2 debs=$3 log=$4
+    shift 4
+    local extra=""
+    [ $# = 0 ] || extra=,$(IFS=,; echo "$*")
+    mmdebstrap --quiet --variant=apt \
+        --include="sbuild,mmdebstrap,uidmap,iproute2,mount,passwd,ca-certificates,python3$extra" \
+        "$release" "$root" "$(mirror_for "$release")" > "$log" 2>&1 ||
+        { tail -n 20 "$log"; fail "mmdebstrap $release failed"; }
+    cp /etc/resolv.conf "$root/etc/resolv.conf"
+    mkdir -p "$root/srv/debs"
+    cp "$debs"/python3-debadmin_*_all.deb "$debs"/sbuild-fast_*_all.deb "$root/srv/debs/"
+    # mmdebstrap leaves no package lists: fetch them for the packages' dependencies.
+    chroot "$root" sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends /srv/debs/*.deb' >> "$log" 2>&1 ||
+        { tail -n 20 "$log"; fail "installing the packages in the $release tree"; }
+}
+
+# sbf_in_root ROOT CMD...: CMD with ROOT as the real root of a private mount
+# namespace (pivot_root; user namespaces cannot be made inside a chroot, and
+# nspawn's /proc over-mounts forbid unprivileged proc mounts). The host's /dev
+# (and so /dev/shm) is shared; every mount dies with the namespace.
+sbf_in_root() {
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    unshare --mount --propagation private -- /bin/bash -euc '
+        root=$1; shift
+        mount --bind "$root" "$root"
+        mount -t proc proc "$root/proc"
+        mount --rbind /sys "$root/sys"
+        mount --rbind /dev "$root/dev"
+        mount -t tmpfs tmpfs "$root/tmp"
+        mount -t tmpfs tmpfs "$root/run"
+        mkdir -p "$root/.oldroot"
+        cd "$root"
+        pivot_root . .oldroot
+        umount -l /.oldroot
+        cd /
+        exec "$@"
+    ' sbf_in_root "$1" "${@:2}"
+}
