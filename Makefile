@@ -14,7 +14,10 @@ export PATH := /usr/sbin:/usr/bin:/sbin:/bin
 export LC_ALL := C.UTF-8
 
 PYTHON := /usr/bin/python3
-RELEASE ?= bookworm
+# The autopkgtest testbed's release, and the installer netboot package the tests boot:
+# the host's own (each release has its numbered debian-installer-N-netboot-amd64).
+RELEASE ?= $(shell . /etc/os-release 2>/dev/null; echo $${VERSION_CODENAME:-bookworm})
+DI_NETBOOT := debian-installer-$(shell . /etc/os-release 2>/dev/null; echo $${VERSION_ID:-12})-netboot-amd64
 BUILD := $(CURDIR)/build
 VERSION := $(shell dpkg-parsechangelog -S Version 2>/dev/null || sed -n '1s/.*(\(.*\)).*/\1/p' debian/changelog)
 CHANGES := $(BUILD)/debadmin_$(VERSION)_$(shell dpkg --print-architecture).changes
@@ -26,7 +29,7 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 TEST_DEPENDS := systemd-container
 TEST_DEPENDS += acl btrfs-progs
 TEST_DEPENDS += ovmf shim-signed python3-cryptography
-TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf debian-installer-12-netboot-amd64
+TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
 TEST_DEPENDS += radvd iproute2 procps
 TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 

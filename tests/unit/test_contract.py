@@ -93,6 +93,19 @@ def test_man_page_matches_parser(tool):
     assert documented <= in_parser, f"documented but unknown: {documented - in_parser}"
 
 
+@pytest.mark.skipif(not os.path.exists("/usr/bin/man"), reason="man-db is not installed")
+@pytest.mark.parametrize("tool", TOOLS)
+def test_man_page_renders_without_warnings(tool):
+    result = subprocess.run(
+        ["man", "--warnings", "-l", str(SRC / "man" / f"{tool}.8")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80", MAN_KEEP_FORMATTING="0"),
+        check=False,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_usage_error_exits_2(tool):
     result = run_tool(tool, "--no-such-option")

@@ -37,6 +37,54 @@ def test_atomic_write_missing_directory_is_an_error(tmp_path):
         fsutil.atomic_write(tmp_path / "no/such/dir/f", "x")
 
 
+def test_atomic_write_keeps_mode_and_replaces_symlink(tmp_path):
+    target = tmp_path / "f.conf"
+    target.write_text("old")
+    target.chmod(0o600)
+    fsutil.atomic_write(target, "new")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    fsutil.atomic_write(tmp_path / "fresh", "x")
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o644
+    # A link is replaced by a file by default (paths in a --root image must not be
+    # followed out of it); with follow_symlinks, the file it points to is written.
+    real = tmp_path / "dotfiles" / "rc"
+    real.parent.mkdir()
+    real.write_text("mine")
+    real.chmod(0o600)
+    link = tmp_path / "rc"
+    link.symlink_to(real)
+    fsutil.atomic_write(link, "new", follow_symlinks=True)
+    assert link.is_symlink() and real.read_text() == "new"
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600
+    assert sorted(os.listdir(real.parent)) == ["rc"]
+    fsutil.atomic_write(link, "plain")
+    assert not link.is_symlink() and link.read_text() == "plain" and real.read_text() == "new"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files of another user")
+def test_atomic_write_keeps_owner_as_root(tmp_path):
+    target = tmp_path / "f"
+    target.write_text("old")
+    os.chown(target, 65534, 65534)
+    fsutil.atomic_write(target, "new")
+    assert (target.stat().st_uid, target.stat().st_gid) == (65534, 65534)
+
+
+def test_lock_refuses_symlink_and_foreign_files(tmp_path):
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(Error, match="cannot open lock"):
+        with fsutil.locked(tmp_path / "lock"):
+            pass
+    if os.geteuid() == 0:  # a lock file another user made could be held by them for ever
+        foreign = tmp_path / "foreign"
+        foreign.write_text("")
+        os.chown(foreign, 65534, 65534)
+        with pytest.raises(Error, match="refusing lock"):
+            with fsutil.locked(foreign):
+                pass
+
+
 def test_remove_file(tmp_path):
     (tmp_path / "x").write_text("x")
     assert fsutil.remove_file(tmp_path / "x") is True
@@ -48,11 +96,14 @@ def test_lock_is_exclusive(tmp_path):
     with fsutil.locked(lock):
         pid = os.fork()
         if pid == 0:  # a second process must not get the lock
+            code = 2
             try:
                 with fsutil.locked(lock, wait=False):
-                    os._exit(1)
+                    code = 1
             except Error:
-                os._exit(0)
+                code = 0
+            finally:  # never back into pytest in the child, whatever happened
+                os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
 

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import time
@@ -679,3 +680,56 @@ def test_user_cache_dir_is_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert sf.user_cache_dir({"XDG_CACHE_HOME": "rel"}) == tmp_path / "rel" / "sbuild"
     assert sf.user_cache_dir({"HOME": "h"}) == tmp_path / "h" / ".cache/sbuild"
+
+
+def test_configure_keeps_a_symlinked_sbuildrc(tmp_path, monkeypatch, capsys):
+    # ~/.sbuildrc kept in a dotfiles repository: the link and the file's mode stay.
+    home = tmp_path / "home"
+    (home / "dotfiles").mkdir(parents=True)
+    real = home / "dotfiles" / "sbuildrc"
+    real.write_text("$build_arch_all = 1;\n1;\n")
+    real.chmod(0o600)
+    (home / ".sbuildrc").symlink_to("dotfiles/sbuildrc")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setattr(sf, "sbuild_version", lambda: "0.85.0")
+    assert sf.configure("unshare", True, False) == 0
+    assert (home / ".sbuildrc").is_symlink()
+    text = real.read_text()
+    assert text.startswith("$build_arch_all = 1;\n") and sf.CONFIG_BEGIN in text
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600
+    assert "wrote the sbuild-fast settings" in capsys.readouterr().out
+
+
+def test_remove_leaves_tarballs_it_did_not_make(home, capsys):
+    # sbuild's cache directory also holds tarballs made by hand or sbuild-createchroot.
+    cache = home / ".cache/sbuild"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "bookworm-amd64.tar").write_bytes(b"hand-made")
+    assert sf.main(["remove", "bookworm", "--arch", "amd64"]) == 2
+    (cache / sf.STATE_SUBDIR).mkdir(exist_ok=True)
+    assert sf.main(["remove", "bookworm", "--arch", "amd64"]) == 2
+    assert (cache / "bookworm-amd64.tar").read_bytes() == b"hand-made"
+    err = capsys.readouterr().err
+    assert err.count("was not made by sbuild-fast") == 2 and len(err.splitlines()) == 2
+
+
+def test_update_goes_on_after_a_failing_chroot(home, monkeypatch, capsys):
+    run, _ = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm"]) == 0
+    assert sf.main(["create", "--dist", "trixie"]) == 0
+    refreshed = []
+
+    def refresh(argv):
+        if "bookworm" in argv:
+            raise Error("mmdebstrap failed with exit status 1")
+        refreshed.append(argv)
+        Path(argv[-2]).write_bytes(b"fresh")
+
+    monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
+    capsys.readouterr()
+    assert sf.main(["update"]) == 2
+    assert len(refreshed) == 1 and (home / ".cache/sbuild/trixie-amd64.tar").read_bytes() == b"fresh"
+    err = capsys.readouterr().err
+    assert "bookworm-amd64: mmdebstrap failed" in err and "not updated: bookworm-amd64" in err

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -720,7 +721,8 @@ def configure(mode: str, write: bool, dry_run: bool) -> int:
         print(f"{rc_path} already has the sbuild-fast settings")
         return EXIT_OK
     if write and not dry_run:
-        fsutil.atomic_write(rc_path, merged, mode=0o644)
+        # A ~/.sbuildrc kept in a dotfiles repository stays a symlink, its mode kept.
+        fsutil.atomic_write(rc_path, merged, follow_symlinks=True)
         print(f"wrote the sbuild-fast settings to {rc_path}")
     elif write:
         print(f"would write the sbuild-fast settings to {rc_path}:")
@@ -763,9 +765,20 @@ def cmd_update(args: argparse.Namespace) -> int:
     if not states:
         print("no sbuild-fast chroots: nothing to update")
         return EXIT_OK
+    # One chroot that cannot be refreshed (a suite gone from the mirror) must not keep
+    # the others stale: each is tried, the failures reported, exit 2 at the end.
+    failed = []
     for state in states:
-        recipe = recipe_from_state(state, args.mirror)
-        build_chroot(recipe, args.dry_run, "replace", "updated", refresh=not args.recreate)
+        try:
+            recipe = recipe_from_state(state, args.mirror)
+            build_chroot(recipe, args.dry_run, "replace", "updated", refresh=not args.recreate)
+        except Error as exc:
+            if len(states) == 1:
+                raise
+            print(f"sbuild-fast: error: {state.get('name', state['dist'])}: {exc}", file=sys.stderr)
+            failed.append(state.get("name", state["dist"]))
+    if failed:
+        raise Error(f"not updated: {', '.join(failed)}")
     return EXIT_OK
 
 
@@ -834,8 +847,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
         lock = base / "lock"
     else:
         cache = user_cache_dir()
-        paths = [cache / f"{name}.tar", cache / STATE_SUBDIR / f"{name}.json"]
+        record = cache / STATE_SUBDIR / f"{name}.json"
+        paths = [cache / f"{name}.tar", record]
         lock = cache / STATE_SUBDIR / "lock"
+        # sbuild's cache directory is shared with tarballs made by hand or by
+        # sbuild-createchroot: only one sbuild-fast recorded is its to remove.
+        if not record.exists() and paths[0].exists():
+            raise Error(f"{paths[0]} was not made by sbuild-fast (no {record}): left alone")
     existing = [p for p in paths if p.exists() or p.is_symlink()]
     if not existing:
         raise Error(f"no sbuild-fast chroot {name} ({args.mode} mode)")
@@ -845,7 +863,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.mode == "schroot" and os.geteuid() != 0:
         raise Error("--mode schroot needs root")
-    with fsutil.locked(lock):
+    holding = fsutil.locked(lock) if lock.parent.is_dir() else contextlib.nullcontext()
+    with holding:
         for path in existing:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
