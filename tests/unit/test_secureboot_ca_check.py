@@ -1,7 +1,11 @@
 """Unit tests for secureboot-ca-check: parsers on real and generated inputs, verdicts, fuzz."""
 
 import datetime
+import hashlib
 import json
+import logging
+import os
+import signal
 import random
 import struct
 import uuid
@@ -12,6 +16,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
@@ -27,6 +32,9 @@ needs_ovmf = pytest.mark.skipif(
 )
 needs_shim = pytest.mark.skipif(not SHIM.is_file(), reason="shim-signed is not installed")
 SHA256_TYPE = "c1c41626-504c-4092-aca9-41f936934328"
+SHA1_TYPE = "826ca512-cf10-4ac9-b187-be01496631bd"
+X509_SHA256_TYPE = "3bd2a492-96c0-4079-b420-fcf98ef103ed"
+UEFI_CA_2011 = "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507"
 NOW = datetime.datetime(2026, 11, 21, 12, 0, 0)
 
 
@@ -134,11 +142,11 @@ def make_varstore(variables, states=None, size=0x84000) -> bytes:
         "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0
     )
     offset = header_length + 28
-    for name, data in variables:
+    for name, data, *entry_state in variables:
         vendor = efi.VARIABLES.get(name, efi.GLOBAL_GUID)
         raw_name = (name + "\0").encode("utf-16-le")
         attrs = 0x27 if name in efi.AUTHENTICATED else 0x07
-        state = (states or {}).get(name, efi.VAR_ADDED)
+        state = entry_state[0] if entry_state else (states or {}).get(name, efi.VAR_ADDED)
         var = (
             struct.pack(
                 "<HBBIQ16sIII16s",
@@ -515,19 +523,45 @@ def test_real_shim_acceptance(tmp_path, capsys):
     )
     shim = doc["reports"][0]["shims"][0]
     assert shim["accepted"]
+    assert set(shim) == {
+        "path",
+        "authenticode_sha256",
+        "hash_in_dbx",
+        "hash_in_db",
+        "signatures",
+        "accepted",
+    }
     assert shim["signatures"][0]["chains_to_db"] == ["Microsoft Corporation UEFI CA 2011"]
+    assert shim["signatures"][0]["chains_to_db_sha256"] == [UEFI_CA_2011]
+    assert shim["signatures"][0]["digest_algorithm"] == "sha256"
     assert shim["signatures"][1]["chains_to_db"] == []
-    # Only UEFI CA 2023 in db, and the 2011 CA revoked in dbx: the 2023 signature carries it.
+    codes = {f["code"] for f in doc["reports"][0]["findings"]}
+    assert "shim-2011-only" in codes
+    # Only UEFI CA 2023 in db: the 2023 signature carries it.
     db = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
-    dbx = cert_esl(real_cert("microsoft-uefi-ca-2011.der"))
-    efivars = write_efivars(tmp_path / "new", ms_variables(db=db, dbx=dbx))
+    efivars = write_efivars(tmp_path / "new", ms_variables(db=db))
     rc, doc = run_json(
         capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
     )
     shim = doc["reports"][0]["shims"][0]
     assert shim["accepted"]
+    assert shim["signatures"][1]["chains_to_db"] == ["Microsoft UEFI CA 2023"]
+    assert "shim-2011-only" not in {f["code"] for f in doc["reports"][0]["findings"]}
+    # ... and the 2011 CA revoked in dbx: edk2 refuses an image when any of its signatures
+    # is forbidden by dbx, whatever the others say (DxeImageVerificationHandler breaks out of
+    # its loop), and shim-signed's preinst refuses to install.
+    dbx = cert_esl(real_cert("microsoft-uefi-ca-2011.der"))
+    efivars = write_efivars(tmp_path / "new-revoked", ms_variables(db=db, dbx=dbx))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
+    )
+    shim = doc["reports"][0]["shims"][0]
+    assert rc == 1 and not shim["accepted"]
     assert shim["signatures"][0]["revoked_by_dbx"] == ["Microsoft Corporation UEFI CA 2011"]
     assert shim["signatures"][1]["chains_to_db"] == ["Microsoft UEFI CA 2023"]
+    assert shim["signatures"][1]["accepted"]
+    refused = [f for f in doc["reports"][0]["findings"] if f["code"] == "shim-not-accepted"]
+    assert refused and "dbx revokes Microsoft Corporation UEFI CA 2011" in refused[0]["message"]
     # The image's own hash in dbx: refused, whatever signs it.
     image_hash = bytes.fromhex(efi.read_pe(SHIM).sha256)
     dbx = esl(SHA256_TYPE, [image_hash])
@@ -623,6 +657,384 @@ def test_unsigned_pe_is_not_accepted(tmp_path, capsys):
     )
     assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"] == []
     assert not doc["reports"][0]["shims"][0]["accepted"]
+
+
+def authenticode(unsigned: bytes, algorithm: str) -> bytes:
+    """The Authenticode digest of an unsigned minimal_pe(): all but the checksum and the
+    security directory entry (what stays the same when a certificate table is appended)."""
+    optional = 0x80 + 24
+    checksum, security = optional + 64, optional + 112 + 32
+    parts = unsigned[:checksum] + unsigned[checksum + 4 : security] + unsigned[security + 8 :]
+    return hashlib.new(algorithm, parts).digest()
+
+
+def signed_pe(*signers, algorithm: str = "sha256", bag=()) -> bytes:
+    """minimal_pe() with one PKCS#7 signature per (cert, key), over its `algorithm`
+    Authenticode digest; `bag` certificates are carried by every signature."""
+    digest = authenticode(minimal_pe(), algorithm)
+    table = b""
+    for cert, key in signers:
+        builder = (
+            pkcs7.PKCS7SignatureBuilder().set_data(digest).add_signer(cert, key, hashes.SHA256())
+        )
+        for extra in bag:
+            builder = builder.add_certificate(extra)
+        blob = builder.sign(serialization.Encoding.DER, [])
+        blob += b"\0" * (-len(blob) % 8)
+        table += struct.pack("<IHH", 8 + len(blob), 0x200, 2) + blob
+    return minimal_pe(table)
+
+
+def owner_pki(name="Owner"):
+    """An own CA and a signer it issued, the way a machine owner's db holds them."""
+    ca, ca_key = make_cert(f"{name} CA")
+    leaf, leaf_key = make_cert(f"{name} signer", issuer=ca, issuer_key=ca_key)
+    return ca, (leaf, leaf_key)
+
+
+def shim_report(tmp_path, image: bytes, name="shim.efi", **variables):
+    """The report on image with PK and KEK an own key, Secure Boot on; and its shim part."""
+    shim = tmp_path / name
+    shim.write_bytes(image)
+    own, _ = make_cert("Owner PK")
+    base = {"SecureBoot": b"\x01", "SetupMode": b"\x00", "PK": cert_esl(own), "KEK": cert_esl(own)}
+    efivars = write_efivars(tmp_path / f"efivars-{name}", {**base, "dbx": b"", **variables})
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
+    )
+    return report["shims"][0], report
+
+
+def test_any_revoked_signature_refuses_the_image(tmp_path):
+    """edk2 refuses a dual-signed image when dbx forbids either signature."""
+    old_ca, old_signer = owner_pki("Old")
+    new_ca, new_signer = owner_pki("New")
+    image = signed_pe(old_signer, new_signer)
+    shim, _ = shim_report(tmp_path, image, db=cert_esl(old_ca, new_ca))
+    assert shim["accepted"] and all(s["accepted"] for s in shim["signatures"])
+    shim, report = shim_report(
+        tmp_path, image, "revoked.efi", db=cert_esl(new_ca), dbx=cert_esl(old_signer[0])
+    )
+    assert shim["signatures"][1]["accepted"] and not shim["accepted"]
+    assert shim["signatures"][0]["revoked_by_dbx"] == ["Old signer"]
+    assert any("signature 1" in f["message"] for f in report["findings"])
+
+
+def test_revoked_db_certificate_is_seen_without_being_carried(tmp_path):
+    """dbx revoking the db CA a signature chains to, not a certificate the signature carries."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer)  # the signature carries the signer only
+    assert [c.subject for c in efi.parse_pe(image, "x").signatures[0].certs] == [signer[0].subject]
+    shim, _ = shim_report(tmp_path, image, db=cert_esl(ca))
+    assert shim["accepted"] and shim["signatures"][0]["chains_to_db"] == ["Owner CA"]
+    # The CA itself in dbx.
+    shim, _ = shim_report(tmp_path, image, "x509.efi", db=cert_esl(ca), dbx=cert_esl(ca))
+    assert not shim["accepted"] and shim["signatures"][0]["revoked_by_dbx"] == ["Owner CA"]
+    # The hash of the CA's to-be-signed part in dbx (EFI_CERT_X509_SHA256, revoked forever).
+    tbs = hashlib.sha256(ca.tbs_certificate_bytes).digest()
+    dbx = esl(X509_SHA256_TYPE, [tbs + b"\0" * 16])
+    shim, _ = shim_report(tmp_path, image, "tbs.efi", db=cert_esl(ca), dbx=dbx)
+    assert not shim["accepted"] and shim["signatures"][0]["revoked_by_dbx"] == ["Owner CA"]
+
+
+def test_image_hash_in_db_is_accepted_unsigned(tmp_path):
+    """edk2 runs an unsigned image whose SHA-256 is in db (and not in dbx)."""
+    image = minimal_pe()
+    digest = bytes.fromhex(efi.parse_pe(image, "x").sha256)
+    shim, report = shim_report(tmp_path, image, db=esl(SHA256_TYPE, [digest]))
+    assert shim["accepted"] and shim["hash_in_db"] and shim["signatures"] == []
+    assert not any(f["code"] == "shim-not-accepted" for f in report["findings"])
+    both = {"db": esl(SHA256_TYPE, [digest]), "dbx": esl(SHA256_TYPE, [digest])}
+    shim, report = shim_report(tmp_path, image, "both.efi", **both)
+    assert not shim["accepted"] and shim["hash_in_dbx"]
+    # Neither signed nor allowed by its hash.
+    shim, report = shim_report(tmp_path, image, "none.efi", db=esl(SHA256_TYPE, [b"\1" * 32]))
+    assert not shim["accepted"]
+    messages = [f["message"] for f in report["findings"]]
+    assert any("not signed and db does not hold its hash" in m for m in messages)
+
+
+def test_sha1_authenticode_signature(tmp_path):
+    """An Authenticode signature over the SHA-1 digest covers the image, as edk2 sees it."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer, algorithm="sha1")
+    parsed = efi.parse_pe(image, "x")
+    assert parsed.signatures[0].digest_algorithm == "sha1"
+    shim, _ = shim_report(tmp_path, image, db=cert_esl(ca))
+    assert shim["accepted"] and shim["signatures"][0]["digest_algorithm"] == "sha1"
+    dbx = esl(SHA1_TYPE, [authenticode(minimal_pe(), "sha1")])
+    shim, _ = shim_report(tmp_path, image, "revoked.efi", db=cert_esl(ca), dbx=dbx)
+    assert not shim["accepted"] and shim["hash_in_dbx"]
+
+
+def test_shim_2011_only_is_decided_by_fingerprint(tmp_path, capsys):
+    """An image accepted through the owner's own CA does not 'boot only through 2011'."""
+    ca, signer = owner_pki()
+    shim = tmp_path / "own.efi"
+    shim.write_bytes(signed_pe(signer))
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(ca)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    report = doc["reports"][0]
+    assert report["microsoft_managed"] and report["shims"][0]["accepted"]
+    assert "shim-2011-only" not in {f["code"] for f in report["findings"]}
+
+
+def test_unparseable_db_key_with_a_chain_to_check(tmp_path, capsys):
+    """A db certificate whose key cryptography cannot load, named as the issuer of the
+    shim's CA: no traceback (it used to exit 1, 'action needed')."""
+    der = (REAL / "microsoft-uefi-ca-2011.der").read_bytes()
+    rsa_oid = bytes.fromhex("06092a864886f70d0101010500")
+    assert der.count(rsa_oid) == 1
+    bad = der.replace(rsa_oid, bytes.fromhex("06092a864886f70d0101630500"))
+    with pytest.raises(Exception):
+        x509.load_der_x509_certificate(bad).public_key()
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(minimal_pe((REAL / "shimx64-certificate-table.bin").read_bytes()))
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=esl(efi.CERT_X509, [bad])))
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    assert rc == 1 and err == "" and "NOT accepted" in out
+
+
+def test_unforeseen_failure_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """Whatever a parser did not foresee exits 2 with one line, never 1 with a traceback."""
+
+    def broken(path):
+        raise ValueError("unforeseen\nsecond line")
+
+    monkeypatch.setattr(efi, "read_pe", broken)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(minimal_pe())
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    assert rc == 2 and out == ""
+    assert err == (
+        "secureboot-ca-check: error: cannot evaluate the input "
+        "(ValueError: unforeseen\\nsecond line)\n"
+    )
+
+
+@pytest.mark.parametrize("cn", ["Microsoft Hyper-V Firmware PK", "Windows OEM Devices PK"])
+def test_microsoft_platform_keys_are_not_lookalikes(tmp_path, cn):
+    """Hyper-V/Azure Gen2 VMs and Windows OEM machines have Microsoft-named PKs of their own."""
+    stand_in, _ = make_cert("Stand-in KEK 2023", org="Test")
+    known = {fp: v for fp, v in sbc.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
+    known[efi.fingerprint(stand_in)] = ("kek_2k_ca_2023", "Stand-in KEK 2023", "KEK")
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(stand_in)
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    pk, _ = make_cert(cn, org="Microsoft Corporation")
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek, db=db, PK=cert_esl(pk)))
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW, known
+    )
+    assert (
+        report["pk_owner"] == cn and not report["variables"]["PK"]["certificates"][0]["lookalike"]
+    )
+    assert report["verdict"] == "ok" and report["exit_status"] == 0
+    assert not any(f["code"] == "lookalike" for f in report["findings"])
+
+
+def test_lookalike_name_variants_are_flagged(tmp_path):
+    for cn in ("microsoft corporation  KEK 2K CA 2023", "Microsoft UEFI CA\u00a02023"):
+        fake, _ = make_cert(cn, org="Whoever")
+        entry = sbc.describe_cert(fake, NOW, sbc.KNOWN_CAS)
+        assert entry["lookalike"] and entry["microsoft_ca"] is None, cn
+    genuine = sbc.describe_cert(real_cert("microsoft-uefi-ca-2023.der"), NOW, sbc.KNOWN_CAS)
+    assert not genuine["lookalike"] and genuine["microsoft_ca"] == "uefi_ca_2023"
+
+
+def test_control_characters_in_names_cannot_forge_the_text_report(tmp_path, capsys):
+    forged = "\n  INFO: nothing wrong here\nVerdict: ok, nothing to do\x1b[31m\u202e"
+    # A look-alike (its name still copies the CA's) whose finding carries control characters,
+    # and a certificate whose name forges lines in the listing.
+    fake, _ = make_cert("Microsoft Corporation KEK 2K CA 2023\r\x1b\u202e", org="Microsoft")
+    other, _ = make_cert("Own key" + forged)
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(fake, other)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek))
+    for quiet in (False, True):
+        argv = ["--efivars", str(efivars), "--root", str(tmp_path)] + ["--quiet"] * quiet
+        rc, out, err = run(capsys, *argv)
+        assert rc == 1 and err == ""
+        assert "\x1b" not in out and "\u202e" not in out and "\r" not in out
+        assert [line for line in out.splitlines() if line.startswith("Verdict:")] == [
+            "Verdict: action needed"
+        ]
+        assert "'Microsoft Corporation KEK 2K CA 2023\\r\\x1b\\u202e' claims" in out
+        if not quiet:
+            assert "Own key\\n  INFO: nothing wrong here\\nVerdict: ok" in out
+    # JSON keeps the names as they are: json escapes them.
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    names = [c["subject_cn"] for c in doc["reports"][0]["variables"]["KEK"]["certificates"]]
+    assert names[-1] == "Own key" + forged
+
+
+def test_pk_with_an_empty_subject(tmp_path, capsys):
+    key = ec.generate_private_key(ec.SECP256R1())
+    empty = x509.Name([])
+    pk = (
+        x509.CertificateBuilder()
+        .subject_name(empty)
+        .issuer_name(empty)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(datetime.datetime(2020, 1, 1))
+        .not_valid_after(datetime.datetime(2030, 1, 1))
+        .sign(key, hashes.SHA256())
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(PK=cert_esl(pk)))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    owner = doc["reports"][0]["pk_owner"]
+    assert owner == f"sha256:{efi.fingerprint(pk)}"
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert f"PK owner: {owner}\n" in out and "none enrolled" not in out
+
+
+def test_named_root_missing_is_an_error(tmp_path, capsys):
+    rc, out, err = run(capsys, "--root", str(tmp_path / "nonexistent"))
+    assert rc == 2 and out == ""
+    assert err == f"secureboot-ca-check: error: {tmp_path / 'nonexistent'}: no such directory\n"
+
+
+def test_verbose_logs_what_was_read(tmp_path, capsys, caplog):
+    caplog.set_level(logging.DEBUG, logger="debadmin")
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(minimal_pe())
+    rc, out, err = run(
+        capsys, "-v", "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"{efivars}: read KEK, PK, SecureBoot") for m in messages)
+    assert any(m.startswith(f"{shim}: Authenticode SHA-256") for m in messages)
+    assert any(m.startswith(f"{efivars}: action-needed (kek-2023-missing") for m in messages)
+
+
+def test_textfile_dir_that_is_a_file(tmp_path, capsys):
+    """Checked before anything is read or printed; named for what it is."""
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\n")
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--textfile-dir", str(passwd)
+    )
+    assert rc == 2 and out == ""
+    assert err == f"secureboot-ca-check: error: textfile directory {passwd} is not a directory\n"
+
+
+def test_textfile_records_the_real_error(tmp_path, capsys):
+    """A bad shim with a good textfile directory: the shim's error, and status 2 recorded."""
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(b"ZM" + b"\0" * 100)
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--root",
+        str(tmp_path),
+        "--shim",
+        str(shim),
+        "--textfile-dir",
+        str(textfile),
+    )
+    assert rc == 2 and out == "" and "no MZ header" in err and err.count("\n") == 1
+    assert "secureboot_ca_check_status 2\n" in (textfile / sbc.TEXTFILE_NAME).read_text()
+
+
+def test_metric_families_are_grouped(tmp_path, capsys):
+    """The text exposition format wants each family's samples together, after its TYPE."""
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    paths = []
+    for name in ("a.fd", "b.fd"):
+        paths += ["--varstore", str(tmp_path / name)]
+        (tmp_path / name).write_bytes(generated_ms_varstore())
+    rc, out, err = run(capsys, *paths, "--textfile-dir", str(textfile), "--quiet")
+    assert rc == 1
+    lines = (textfile / sbc.TEXTFILE_NAME).read_text().splitlines()
+    families = []
+    for line in lines:
+        name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
+        if not families or families[-1] != name:
+            families.append(name)
+    assert len(families) == len(set(families)) == 5, families
+    samples = [line for line in lines if line.startswith("secureboot_ca_check_ca_present{")]
+    assert len(samples) == 2 * len(sbc.KNOWN_CAS)
+
+
+def test_spec_signature_types_are_reported(tmp_path, capsys):
+    """Every signature type of the UEFI specification gets a report, not an error."""
+    dbx = (
+        (REAL / "ovmf-ms-dbx.esl").read_bytes()
+        + esl("e2b36190-879b-4a3d-ad8d-f2e7bba32784", [b"\2" * 256])  # RSA2048_SHA256
+        + esl("67f8444f-8743-48f1-a328-1eaab8736080", [b"\3" * 256])  # RSA2048_SHA1
+        + esl("57347f87-7a9b-403a-b93c-dc4afb7a0ebc", [b"\4" * 32])  # SM3
+        + esl("4aafd29d-68df-49ee-8aa9-347d375665a7", [b"\5" * 40])  # PKCS7
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(dbx=dbx))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    kinds = [h["type"] for h in doc["reports"][0]["variables"]["dbx"]["hashes"]]
+    assert rc == 1 and kinds == ["sha256", "rsa2048_sha256", "rsa2048_sha1", "sm3", "pkcs7"]
+
+
+def test_interrupted_update_in_a_varstore(tmp_path, capsys):
+    """edk2 takes a VAR_ADDED copy first, else the last VAR_ADDED & IN_DELETED_TRANSITION."""
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(generated_ms_varstore(states={"db": 0x3E}))  # the VM died mid-update
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    assert rc == 1 and doc["reports"][0]["microsoft_cas"]["uefi_ca_2011"]["in_db"]
+    db_2011 = (REAL / "ovmf-ms-db.esl").read_bytes()
+    db_2023 = db_2011 + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    for entries, has_2023 in (
+        ([("db", db_2011, 0x3F), ("db", db_2023, 0x3E)], False),  # VAR_ADDED wins
+        ([("db", db_2023, 0x3E), ("db", db_2011, 0x3F)], False),
+        ([("db", db_2011, 0x3E), ("db", db_2023, 0x3E)], True),  # the last one
+        ([("db", db_2011, 0x3C), ("db", db_2023, 0x7F)], None),  # deleted, header only
+    ):
+        pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+        path.write_bytes(make_varstore([pk] + entries))
+        variables = efi.read_varstore(path)
+        if has_2023 is None:
+            assert "db" not in variables
+        else:
+            assert (variables["db"].data == db_2023) is has_2023
+
+
+def test_fifos_are_refused_not_waited_for(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables())
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    os.mkfifo(efivars / f"dbx-{efi.IMAGE_SECURITY_GUID}.new")
+    os.replace(
+        efivars / f"dbx-{efi.IMAGE_SECURITY_GUID}.new", efivars / f"dbx-{efi.IMAGE_SECURITY_GUID}"
+    )
+    old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    signal.alarm(10)  # a hang fails the test instead of blocking the run
+    try:
+        for argv, where in (
+            (["--varstore", str(fifo)], fifo),
+            (["--efivars", str(efivars), "--root", str(tmp_path)], efivars / "dbx-"),
+        ):
+            rc, out, err = run(capsys, *argv)
+            assert rc == 2 and out == "" and "not a regular file" in err and str(where) in err
+        status = tmp_path / "root" / sbc.DPKG_STATUS
+        status.parent.mkdir(parents=True)
+        os.mkfifo(status)
+        with pytest.raises(Error, match="not a regular file"):
+            sbc.fwupd_status(tmp_path / "root")
+        with pytest.raises(Error, match="not a regular file"):
+            efi.read_pe(fifo)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # --- fwupd, metrics, JSON ------------------------------------------------------------------------
@@ -818,6 +1230,34 @@ def test_fuzz_pe():
     cert = (REAL / "microsoft-uefi-ca-2023.der").read_bytes()
     seed = minimal_pe(struct.pack("<IHH", 8 + len(cert), 0x200, 2) + cert)
     fuzz_one(lambda d: efi.parse_pe(d, "fuzz"), seed, rng, 400)
+
+
+def test_fuzz_db_through_check_shim():
+    """Mutated db certificates checked against a real shim's chains (issued_by, dbx look-ups):
+    a clean result or a clean Error, never another exception."""
+    rng = random.Random(2011)
+    if SHIM.is_file():
+        image = efi.read_pe(SHIM)
+    else:
+        table = (REAL / "shimx64-certificate-table.bin").read_bytes()
+        image = efi.parse_pe(minimal_pe(table), "shim")
+    seed = cert_esl(
+        real_cert("microsoft-uefi-ca-2011.der"), real_cert("microsoft-uefi-ca-2023.der")
+    )
+
+    def check(data: bytes) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            db = sbc.describe_database(
+                efi.Variable("db", "", 0x27, data), "fuzz", NOW, sbc.KNOWN_CAS
+            )
+            dbx = sbc.describe_database(
+                efi.Variable("dbx", "", 0x27, data), "fuzz", NOW, sbc.KNOWN_CAS
+            )
+            sbc.check_shim(image, {"db": db, "dbx": dbx}, NOW, sbc.KNOWN_CAS)
+
+    check(seed)
+    fuzz_one(check, seed, rng, 300)
 
 
 @pytest.mark.parametrize("path", sorted((DATA / "crashers").glob("*.bin")), ids=lambda p: p.name)

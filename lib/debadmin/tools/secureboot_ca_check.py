@@ -2,10 +2,10 @@
 
 import argparse
 import datetime
-import hashlib
 import logging
 import re
 import time
+import unicodedata
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -73,7 +73,6 @@ KNOWN_CAS: Dict[str, Tuple[str, str, str]] = {
 # Certificates whose private keys are public: AMI's "DO NOT TRUST" (PKfail), Debian's
 # OVMF snakeoil keys.
 TEST_KEY = re.compile(r"do not (trust|ship)|snakeoil", re.I)
-CLAIMS_MICROSOFT = re.compile(r"microsoft|windows", re.I)
 
 PCR7_WARNING = (
     "Changing KEK or db changes the TPM's PCR 7: before the update, suspend BitLocker on any "
@@ -88,6 +87,17 @@ PCR7_WARNING = (
 
 def iso(moment: datetime.datetime) -> str:
     return moment.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def name_key(text: str) -> str:
+    """A name reduced to what a reader compares: no case, spacing, punctuation or
+    compatibility forms ("Microsoft  Corporation KEK-CA 2011" is "microsoftcorporationkekca2011").
+    """
+    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+
+
+def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> set:
+    return {name_key(name) for table in (KNOWN_CAS, known) for _id, name, _home in table.values()}
 
 
 def common_name(name: x509.Name) -> str:
@@ -109,13 +119,10 @@ def describe_cert(
     not_before, not_after = efi.validity(cert)
     ca = known.get(sha256)
     subject = cert.subject.rfc4514_string()
-    claims = bool(
-        CLAIMS_MICROSOFT.search(common_name(cert.subject))
-        or any(
-            CLAIMS_MICROSOFT.search(str(a.value))
-            for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
-        )
-    )
+    # A look-alike copies the name of one of Microsoft's CAs.  Other certificates that name
+    # Microsoft are genuine often enough (Hyper-V's and Windows OEM devices' platform keys)
+    # that flagging them would alarm for nothing.
+    copies_name = name_key(common_name(cert.subject)) in lookalike_names(known)
     return {
         "subject": subject,
         "subject_cn": common_name(cert.subject),
@@ -128,7 +135,7 @@ def describe_cert(
         "sha1": efi.fingerprint(cert, "sha1"),
         "owner": owner,
         "microsoft_ca": ca[0] if ca else None,
-        "lookalike": claims and ca is None,
+        "lookalike": copies_name and ca is None,
         "test_key": bool(
             TEST_KEY.search(subject) or TEST_KEY.search(cert.issuer.rfc4514_string())
         ),
@@ -169,6 +176,40 @@ def default_shims(root: Path) -> List[Path]:
     return found
 
 
+def revocations(
+    certs: Sequence[x509.Certificate], dbx_certs: List[x509.Certificate], dbx_hashes: set
+) -> List[str]:
+    """Names of the certificates among certs that dbx revokes.
+
+    A dbx certificate revokes itself and whatever it issued (edk2 verifies the signature
+    with each dbx certificate as the trust anchor); an x509_sha256/384/512 entry revokes the
+    certificate whose to-be-signed part has that hash.
+    """
+    dbx_fps = {efi.fingerprint(c) for c in dbx_certs}
+    revoked: List[str] = []
+
+    def add(name: str) -> None:
+        if name not in revoked:
+            revoked.append(name)
+
+    for cert in certs:
+        if efi.fingerprint(cert) in dbx_fps or any(
+            value.startswith(tbs)
+            for kind, tbs in efi.tbs_hashes(cert).items()
+            for entry_kind, value in dbx_hashes
+            if entry_kind == kind
+        ):
+            add(display_name(cert))
+        for revoker in dbx_certs:
+            if efi.issued_by(cert, revoker):
+                add(display_name(revoker))
+    return revoked
+
+
+def display_name(cert: x509.Certificate) -> str:
+    return common_name(cert.subject) or f"sha256:{efi.fingerprint(cert)}"
+
+
 def check_shim(
     image: efi.PeImage,
     databases: Dict[str, Optional[dict]],
@@ -177,48 +218,58 @@ def check_shim(
 ) -> dict:
     """Whether the firmware's db/dbx accept the image, signature by signature.
 
-    As shim-signed's preinst and edk2 decide: a signature counts when a db certificate is
-    one of its certificates or issued one of them, and nothing in it is revoked by dbx
-    (X.509 entries, X.509 TBS hashes, or the image's own Authenticode hash).
+    As edk2's DxeImageVerificationHandler and shim-signed's preinst decide: the image is
+    refused when dbx holds its Authenticode hash or revokes any signature that covers it
+    (a certificate the signature carries, one that issued them, or the db certificate it
+    chains to); otherwise it is accepted when a signature covers the image and chains to a
+    db certificate (one of its certificates, or their issuer), or when db holds its hash.
     """
     db_entries = (databases.get("db") or {}).get("_entries", [])
     dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
     db_certs = [e.cert for e in db_entries if e.cert]
-    dbx_certs = {efi.fingerprint(e.cert) for e in dbx_entries if e.cert}
+    db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
+    dbx_certs = [e.cert for e in dbx_entries if e.cert]
     dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
-    hash_revoked = ("sha256", image.sha256) in dbx_hashes
+    # edk2 hashes an unsigned image with SHA-256, a signed one with each signature's
+    # algorithm.
+    algorithms = {"sha256"} | {s.digest_algorithm for s in image.signatures if s.digest_found}
+    image_hashes = {(a, image.digests[a]) for a in algorithms}
+    hash_revoked = bool(image_hashes & dbx_hashes)
+    hash_allowed = bool(image_hashes & db_hashes)
     signatures = []
     for sig in image.signatures:
-        anchors = []
-        revoked_by = []
-        for cert in sig.certs:
-            fp = efi.fingerprint(cert)
-            tbs = hashlib.sha256(cert.tbs_certificate_bytes).hexdigest()
-            if fp in dbx_certs or any(
-                kind == "x509_sha256" and value.startswith(tbs) for kind, value in dbx_hashes
+        anchors: List[x509.Certificate] = []
+        for anchor in db_certs:
+            if anchor not in anchors and any(
+                efi.fingerprint(anchor) == efi.fingerprint(cert) or efi.issued_by(cert, anchor)
+                for cert in sig.certs
             ):
-                revoked_by.append(common_name(cert.subject))
-            for anchor in db_certs:
-                if efi.fingerprint(anchor) == fp or efi.issued_by(cert, anchor):
-                    name = common_name(anchor.subject)
-                    if name not in anchors:
-                        anchors.append(name)
+                anchors.append(anchor)
+        revoked_by = revocations(list(sig.certs) + anchors, dbx_certs, dbx_hashes)
         signatures.append(
             {
                 "index": sig.index,
                 "certificates": [describe_cert(c, now, known) for c in sig.certs],
+                "digest_algorithm": sig.digest_algorithm,
                 "digest_matches": sig.digest_found,
-                "chains_to_db": anchors,
+                "chains_to_db": [display_name(a) for a in anchors],
+                "chains_to_db_sha256": [efi.fingerprint(a) for a in anchors],
                 "revoked_by_dbx": revoked_by,
                 "accepted": bool(anchors) and not revoked_by and sig.digest_found,
             }
         )
+    # A revoked signature that does not cover the image is not checked against dbx by
+    # edk2 (its Authenticode verification fails first): it neither accepts nor refuses.
+    signature_revoked = any(s["revoked_by_dbx"] and s["digest_matches"] for s in signatures)
     return {
         "path": image.path,
         "authenticode_sha256": image.sha256,
         "hash_in_dbx": hash_revoked,
+        "hash_in_db": hash_allowed,
         "signatures": signatures,
-        "accepted": not hash_revoked and any(s["accepted"] for s in signatures),
+        "accepted": not hash_revoked
+        and not signature_revoked
+        and (hash_allowed or any(s["accepted"] for s in signatures)),
     }
 
 
@@ -230,7 +281,7 @@ def fwupd_status(root: Path = Path("/")) -> dict:
     path = root / DPKG_STATUS
     version = None
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with efi.open_regular(path) as handle:
             for section in apt_pkg.TagFile(handle):
                 if section.get("Package") == "fwupd" and section.get("Status", "").endswith(
                     " installed"
@@ -392,19 +443,10 @@ def assess(report: dict, known) -> None:
             )
         )
 
+    uefi_ca_2011 = [fp for fp, (ca_id, _n, _h) in known.items() if ca_id == "uefi_ca_2011"]
     for shim in report["shims"] if report["secure_boot_active"] else []:
         if not shim["accepted"]:
-            sigs = shim["signatures"]
-            if shim["hash_in_dbx"]:
-                why = "dbx revokes its Authenticode hash"
-            elif not sigs:
-                why = "it is not signed"
-            elif not any(s["digest_matches"] for s in sigs):
-                why = "no signature covers this image (changed after signing?)"
-            elif any(s["chains_to_db"] and s["revoked_by_dbx"] for s in sigs):
-                why = "dbx revokes the certificates its signatures chain to"
-            else:
-                why = "no signature chains to a certificate in db"
+            why = refusal(shim)
             findings.append(
                 finding(
                     "shim-not-accepted",
@@ -412,11 +454,16 @@ def assess(report: dict, known) -> None:
                     f"{shim['path']} would not boot with this firmware: {why}",
                 )
             )
-        elif managed and not any(
-            "2023" in name
-            for sig in shim["signatures"]
-            if sig["accepted"]
-            for name in sig["chains_to_db"]
+        elif (
+            managed
+            and not shim["hash_in_db"]
+            and {
+                fp
+                for sig in shim["signatures"]
+                if sig["accepted"]
+                for fp in sig["chains_to_db_sha256"]
+            }
+            <= set(uefi_ca_2011)
         ):
             findings.append(
                 finding(
@@ -483,6 +530,25 @@ def assess(report: dict, known) -> None:
         report["verdict"], report["exit_status"] = "ok", EXIT_OK
 
 
+def refusal(shim: dict) -> str:
+    """Why the firmware refuses a shim, in the order edk2 checks."""
+    sigs = shim["signatures"]
+    revoked = [s for s in sigs if s["revoked_by_dbx"] and s["digest_matches"]]
+    if shim["hash_in_dbx"]:
+        return "dbx revokes its Authenticode hash"
+    if revoked:
+        names = ", ".join(n for s in revoked for n in s["revoked_by_dbx"])
+        return (
+            f"dbx revokes {names}, which signature {revoked[0]['index']} carries or chains "
+            "to, and the firmware refuses an image when any of its signatures is revoked"
+        )
+    if not sigs:
+        return "it is not signed and db does not hold its hash"
+    if not any(s["digest_matches"] for s in sigs):
+        return "no signature covers this image (changed after signing?)"
+    return "no signature chains to a certificate in db"
+
+
 def known_name(known, ca_id: str) -> str:
     return next(name for (i, name, _home) in known.values() if i == ca_id)
 
@@ -510,12 +576,24 @@ def build_report(
         secure_boot = efi.boolean_variable(variables, "SecureBoot", path)
         setup_mode = efi.boolean_variable(variables, "SetupMode", path)
     images = [efi.read_pe(p) for p in shims]
+    for image in images:
+        log.debug(
+            "%s: Authenticode SHA-256 %s, %d signature(s)",
+            printable(image.path),
+            image.sha256,
+            len(image.signatures),
+        )
     report = {
         "source": {"kind": kind, "path": path},
         "secure_boot": secure_boot,
         "setup_mode": setup_mode,
         "secure_boot_active": bool(secure_boot) and not setup_mode,
-        "pk_owner": pk["certificates"][0]["subject_cn"] if pk_enrolled else None,
+        # An empty subject still names an enrolled PK: by its fingerprint then.
+        "pk_owner": (
+            (pk["certificates"][0]["subject_cn"] or f"sha256:{pk['certificates'][0]['sha256']}")
+            if pk_enrolled
+            else None
+        ),
         "variables": {
             name: databases[name] for name in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
         },
@@ -533,6 +611,27 @@ def build_report(
 # --- output ------------------------------------------------------------------------------------
 
 
+def printable(text: str) -> str:
+    """text with control, format and other non-printable characters escaped.
+
+    Certificate names come from the firmware: a newline or a terminal escape in one must
+    not forge lines (a fake verdict) or colours in the text report and the log.
+    """
+    out = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+        elif ch in "\n\r\t":
+            out.append(repr(ch)[1:-1])
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "".join(out)
+
+
 def cert_line(cert: dict) -> str:
     tags = []
     if cert["microsoft_ca"]:
@@ -542,7 +641,8 @@ def cert_line(cert: dict) -> str:
     if cert["test_key"]:
         tags.append("TEST KEY")
     when = ("expired " if cert["expired"] else "expires ") + cert["not_after"][:10]
-    return f"{cert['subject_cn']} ({when}{''.join('; ' + t for t in tags)})"
+    name = cert["subject_cn"] or f"(empty subject, SHA-256 {cert['sha256'][:16]}...)"
+    return f"{name} ({when}{''.join('; ' + t for t in tags)})"
 
 
 def render_text(report: dict, quiet: bool = False) -> str:
@@ -558,7 +658,8 @@ def render_text(report: dict, quiet: bool = False) -> str:
             f"Secure Boot: {state(report['secure_boot'])}, "
             f"Setup Mode: {state(report['setup_mode'])}"
         )
-        lines.append(f"PK owner: {report['pk_owner'] or 'none enrolled'}")
+        owner = report["pk_owner"]
+        lines.append(f"PK owner: {owner if owner is not None else 'none enrolled'}")
         for name, database in report["variables"].items():
             if database is None:
                 lines.append(f"{name}: not present")
@@ -570,9 +671,10 @@ def render_text(report: dict, quiet: bool = False) -> str:
             lines.append(
                 f"shim {shim['path']}: "
                 f"{'accepted' if shim['accepted'] else 'NOT accepted'} by this firmware"
+                + (" (db holds its hash)" if shim["hash_in_db"] else "")
             )
             for sig in shim["signatures"]:
-                chain = " <- ".join(c["subject_cn"] for c in sig["certificates"])
+                chain = " <- ".join(c["subject_cn"] or c["sha256"] for c in sig["certificates"])
                 anchors = ", ".join(sig["chains_to_db"]) or "no db certificate"
                 revoked = (
                     f", revoked by dbx ({', '.join(sig['revoked_by_dbx'])})"
@@ -602,7 +704,7 @@ def render_text(report: dict, quiet: bool = False) -> str:
         "not-applicable": "not applicable (Secure Boot is not active)",
     }
     lines.append(f"Verdict: {verdict[report['verdict']]}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def prom_escape(value: str) -> str:
@@ -610,48 +712,66 @@ def prom_escape(value: str) -> str:
 
 
 def render_metrics(reports: List[dict], status: int, now: float) -> str:
-    out = [
-        "# HELP secureboot_ca_check_status Exit status of secureboot-ca-check: 0 ok, "
-        "1 action needed, 2 error, 3 not applicable.",
-        "# TYPE secureboot_ca_check_status gauge",
-        f"secureboot_ca_check_status {status}",
-        "# HELP secureboot_ca_check_last_run_timestamp_seconds When the check last ran.",
-        "# TYPE secureboot_ca_check_last_run_timestamp_seconds gauge",
-        f"secureboot_ca_check_last_run_timestamp_seconds {now:.0f}",
+    """The node_exporter textfile: each family's HELP, TYPE and samples together."""
+    families = [
+        (
+            "status",
+            "Exit status of secureboot-ca-check: 0 ok, 1 action needed, 2 error, "
+            "3 not applicable.",
+            [("", status)],
+        ),
+        ("last_run_timestamp_seconds", "When the check last ran.", [("", f"{now:.0f}")]),
     ]
     if reports:
-        out += [
-            "# HELP secureboot_ca_check_secure_boot_active Whether Secure Boot enforces.",
-            "# TYPE secureboot_ca_check_secure_boot_active gauge",
-            "# HELP secureboot_ca_check_ca_present Whether a Microsoft CA is in the "
-            "variable it belongs in.",
-            "# TYPE secureboot_ca_check_ca_present gauge",
-            "# HELP secureboot_ca_check_action_needed Whether the source needs action.",
-            "# TYPE secureboot_ca_check_action_needed gauge",
+        sources = [f'source="{prom_escape(r["source"]["path"])}"' for r in reports]
+        families += [
+            (
+                "secure_boot_active",
+                "Whether Secure Boot enforces.",
+                [(src, int(r["secure_boot_active"])) for src, r in zip(sources, reports)],
+            ),
+            (
+                "action_needed",
+                "Whether the source needs action.",
+                [(src, int(r["verdict"] == "action-needed")) for src, r in zip(sources, reports)],
+            ),
+            (
+                "ca_present",
+                "Whether a Microsoft CA is in the variable it belongs in.",
+                [
+                    (
+                        f'{src},ca="{ca_id}",variable="{row["belongs_in"]}"',
+                        int(bool(row[f"in_{row['belongs_in'].lower()}"])),
+                    )
+                    for src, r in zip(sources, reports)
+                    for ca_id, row in r["microsoft_cas"].items()
+                ],
+            ),
         ]
-    for report in reports:
-        src = f'source="{prom_escape(report["source"]["path"])}"'
-        out.append(
-            f"secureboot_ca_check_secure_boot_active{{{src}}} "
-            f"{int(report['secure_boot_active'])}"
-        )
-        out.append(
-            f"secureboot_ca_check_action_needed{{{src}}} "
-            f"{int(report['verdict'] == 'action-needed')}"
-        )
-        for ca_id, row in report["microsoft_cas"].items():
-            present = row[f"in_{row['belongs_in'].lower()}"]
-            out.append(
-                f'secureboot_ca_check_ca_present{{{src},ca="{ca_id}",'
-                f'variable="{row["belongs_in"]}"}} {int(bool(present))}'
-            )
+    out = []
+    for name, help_text, samples in families:
+        metric = f"secureboot_ca_check_{name}"
+        out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        out += [
+            f"{metric}{{{labels}}} {value}" if labels else f"{metric} {value}"
+            for labels, value in samples
+        ]
     return "\n".join(out) + "\n"
 
 
-def write_metrics(directory: str, reports: List[dict], status: int) -> None:
-    target = Path(directory)
-    if not target.is_dir():
+def textfile_directory(value: Optional[str]) -> Optional[Path]:
+    """The --textfile-dir, checked before anything is read (None: no metric)."""
+    if not value:
+        return None
+    target = Path(value)
+    if not target.exists():
         raise Error(f"textfile directory {target} does not exist")
+    if not target.is_dir():
+        raise Error(f"textfile directory {target} is not a directory")
+    return target
+
+
+def write_metrics(target: Path, reports: List[dict], status: int) -> None:
     fsutil.atomic_write(target / TEXTFILE_NAME, render_metrics(reports, status, time.time()))
 
 
@@ -659,7 +779,10 @@ def write_metrics(directory: str, reports: List[dict], status: int) -> None:
 
 
 def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
-    root = Path(args.root)
+    if args.root and not Path(args.root).is_dir():
+        # A root the admin named is bad input, not a host without UEFI.
+        raise Error(f"{args.root}: no such directory")
+    root = Path(args.root or "/")
     reports = []
     explicit_shims = [Path(args.shim)] if args.shim else []
     if args.efivars or not args.varstore:
@@ -673,12 +796,45 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
                 "with UEFI (or efivarfs is not mounted)"
             )
         variables = efi.read_efivars(directory)
+        log.debug(
+            "%s: read %s", printable(str(directory)), ", ".join(sorted(variables)) or "nothing"
+        )
         shims = explicit_shims or default_shims(root)
+        log.debug("shims to check: %s", printable(", ".join(map(str, shims))) or "none")
         reports.append(build_report("efivars", str(directory), variables, shims, root, now))
     for path in args.varstore or []:
         variables = efi.read_varstore(Path(path))
+        log.debug("%s: read %s", printable(path), ", ".join(sorted(variables)) or "nothing")
         reports.append(build_report("varstore", path, variables, explicit_shims, root, now))
+    for report in reports:
+        log.debug(
+            "%s: %s (%s)",
+            printable(report["source"]["path"]),
+            report["verdict"],
+            ", ".join(f["code"] for f in report["findings"]) or "no findings",
+        )
     return reports
+
+
+def evaluate(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
+    """collect(), with whatever the parsers did not foresee turned into an error.
+
+    Python exits 1 on an uncaught exception, and 1 means "action needed" to the service
+    and to scripts: a hostile or unforeseen input must exit 2 with one line instead.
+    """
+    try:
+        with warnings.catch_warnings():
+            # cryptography warns about e.g. negative serial numbers each time they are read:
+            # hostile input gets a report or one error line, never library warnings.
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            return collect(args, now)
+    except Error:
+        raise
+    except Exception as exc:
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(
+            printable(f"cannot evaluate the input ({exc.__class__.__name__}: {exc})")
+        ) from None
 
 
 def combined_status(reports: List[dict]) -> int:
@@ -693,23 +849,25 @@ def combined_status(reports: List[dict]) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     now = datetime.datetime.utcnow()
     quiet = getattr(args, "verbosity", 0) == -1
+    textfile = textfile_directory(args.textfile_dir)
     try:
-        with warnings.catch_warnings():
-            # cryptography warns about e.g. negative serial numbers each time they are read:
-            # hostile input gets a report or one error line, never library warnings.
-            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-            reports = collect(args, now)
+        reports = evaluate(args, now)
     except Error as exc:
-        if args.textfile_dir:
-            write_metrics(args.textfile_dir, [], exc.code)
+        if textfile:
+            try:
+                write_metrics(textfile, [], exc.code)
+            except Error as failure:
+                # Both on one line: the check's own error is what the admin needs first.
+                raise Error(f"{exc}; {failure}") from None
         raise
     status = combined_status(reports)
+    if textfile:
+        # Before the report: a failure to write the metric then prints one error line only.
+        write_metrics(textfile, reports, status)
     if args.json:
         emit_json({"reports": reports, "exit_status": status})
     else:
         print("\n".join(render_text(r, quiet) for r in reports), end="")
-    if args.textfile_dir:
-        write_metrics(args.textfile_dir, reports, status)
     return status
 
 
@@ -740,9 +898,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--root",
-        default="/",
         metavar="DIR",
-        help="look for efivars, shims and the dpkg status under DIR " "(default: /)",
+        help="look for efivars, shims and the dpkg status under DIR (default: /)",
     )
     parser.add_argument(
         "--textfile-dir",

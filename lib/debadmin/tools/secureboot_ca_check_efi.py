@@ -2,12 +2,14 @@
 
 import datetime
 import hashlib
+import os
+import stat
 import struct
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import BinaryIO, Dict, List, Optional, Tuple
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -50,7 +52,9 @@ ATTR_NV, ATTR_BS, ATTR_RT = 0x1, 0x2, 0x4
 ATTR_HW_ERROR, ATTR_AUTH_WRITE, ATTR_TIME_AUTH, ATTR_APPEND = 0x8, 0x10, 0x20, 0x40
 ATTR_AUTHENTICATED_DB = ATTR_NV | ATTR_BS | ATTR_RT | ATTR_TIME_AUTH  # 0x27
 
-# Signature types: name and the fixed SignatureSize (owner GUID + data); None = variable.
+# Signature types of the UEFI specification (section 32.4.1): name and the fixed
+# SignatureSize (owner GUID + data); None = variable.  Every type the specification
+# defines is known, so a firmware that uses one gets a report; a GUID outside it is an error.
 CERT_X509 = "a5c059a1-94e4-4aa7-87b5-ab155c2bf072"
 SIGNATURE_TYPES: Dict[str, Tuple[str, Optional[int]]] = {
     CERT_X509: ("x509", None),
@@ -59,11 +63,17 @@ SIGNATURE_TYPES: Dict[str, Tuple[str, Optional[int]]] = {
     "0b6e5233-a65c-44c9-9407-d9ab83bfc8bd": ("sha224", 16 + 28),
     "ff3e5307-9fd0-48c9-85f1-8ad56c701e01": ("sha384", 16 + 48),
     "093e0fae-a6c4-4f50-9f1b-d41e2b89c19a": ("sha512", 16 + 64),
+    "57347f87-7a9b-403a-b93c-dc4afb7a0ebc": ("sm3", 16 + 32),
     "3c5766e8-269c-4e34-aa14-ed776e85b3b6": ("rsa2048", 16 + 256),
+    "e2b36190-879b-4a3d-ad8d-f2e7bba32784": ("rsa2048_sha256", 16 + 256),
+    "67f8444f-8743-48f1-a328-1eaab8736080": ("rsa2048_sha1", 16 + 256),
     "3bd2a492-96c0-4079-b420-fcf98ef103ed": ("x509_sha256", 16 + 32 + 16),
     "7076876e-80c2-4ee6-aad2-28b349a6865b": ("x509_sha384", 16 + 48 + 16),
     "446dbf63-2502-4cda-bcfa-2465d2b0fe9d": ("x509_sha512", 16 + 64 + 16),
+    "4aafd29d-68df-49ee-8aa9-347d375665a7": ("pkcs7", None),
 }
+# Authenticode digests edk2 computes (HashPeImageByType), strongest first.
+DIGESTS = ("sha256", "sha1", "sha384", "sha512")
 
 MAX_VARIABLE = 1 << 20  # no firmware variable comes near 1 MiB
 MAX_VARSTORE = 64 << 20
@@ -198,13 +208,32 @@ def check_attributes(name: str, attributes: int, source: str) -> None:
         raise Error(f"{source}: {name}: attributes 0x{attributes:08x} lack boot-service access")
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """path opened for reading if it is a regular file; Error for anything else.
+
+    Opened non-blocking, so that a FIFO (or a device) in its place is refused at once
+    instead of hanging the check; efivarfs variables are regular files.  Raises OSError
+    (FileNotFoundError ...) as open() does.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Error(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_efivars(directory: Path) -> Dict[str, Variable]:
     """The report's variables from an efivarfs directory (NAME-GUID files)."""
     variables: Dict[str, Variable] = {}
     for name, guid in VARIABLES.items():
         path = directory / f"{name}-{guid}"
         try:
-            with open(path, "rb") as handle:  # efivarfs wants one read of the whole file
+            with open_regular(path) as handle:  # efivarfs wants one read of the whole file
                 raw = handle.read(MAX_VARIABLE + 5)
         except FileNotFoundError:
             continue
@@ -229,6 +258,10 @@ AUTH_VARIABLE_GUID = "aaf32c78-947b-439a-a180-2e144ec37792"
 PLAIN_VARIABLE_GUID = "ddcf3616-3275-4164-98b6-fe85707ffe7d"
 VAR_START_ID = 0x55AA
 VAR_ADDED = 0x3F
+VAR_IN_DELETED_TRANSITION = 0xFE
+# A variable being replaced: its new copy is not yet VAR_ADDED (what a VM killed
+# mid-update leaves).  edk2 uses it when no VAR_ADDED copy exists.
+VAR_ADDED_IN_DELETED_TRANSITION = VAR_ADDED & VAR_IN_DELETED_TRANSITION  # 0x3E
 STORE_FORMATTED = 0x5A
 STORE_HEALTHY = 0xFE
 
@@ -237,8 +270,10 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     """The report's variables from an edk2/OVMF NVRAM image, checked strictly.
 
     Firmware volume header, then a variable store header, then variable headers
-    (authenticated or plain) back to back, 4-byte aligned; only entries in the VAR_ADDED
-    state count (deleted and half-written ones stay in the store until reclaim).
+    (authenticated or plain) back to back, 4-byte aligned.  Deleted and half-written
+    entries stay in the store until reclaim; as edk2's FindVariableEx decides, the first
+    entry in the VAR_ADDED state counts, else the last one in VAR_ADDED &
+    VAR_IN_DELETED_TRANSITION (an update interrupted before the new copy was complete).
     """
     if len(data) < 0x48:
         raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
@@ -290,6 +325,7 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     offset = (header_length + 28 + 3) & ~3
     wanted = {(name, guid) for name, guid in VARIABLES.items()}
     variables: Dict[str, Variable] = {}
+    in_transition: Dict[str, Variable] = {}
     while offset + header_size <= end:
         start_id = struct.unpack_from("<H", data, offset)[0]
         if start_id == 0xFFFF:
@@ -330,22 +366,25 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         except UnicodeDecodeError:
             raise Error(f"{where}: name is not UTF-16") from None
         guid = guid_str(vendor)
-        if state == VAR_ADDED and (name, guid) in wanted:
+        valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
+        if state in valid and (name, guid) in wanted and name not in variables:
             check_attributes(name, attributes, source)
-            variables[name] = Variable(
-                name, guid, attributes, bytes(data[data_at : data_at + data_size])
-            )
+            variable = Variable(name, guid, attributes, bytes(data[data_at : data_at + data_size]))
+            if state == VAR_ADDED:
+                variables[name] = variable
+            else:
+                in_transition[name] = variable
         offset = (data_at + data_size + 3) & ~3
     else:
         if offset < end and data[offset:end].strip(b"\xff"):
             raise Error(f"{source}: truncated variable header at byte {offset}")
-    return variables
+    return {**in_transition, **variables}
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """The whole file, refused without reading further once it exceeds limit bytes."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
         raise Error(f"cannot read {path}: {exc.strerror}") from None
@@ -380,7 +419,13 @@ class Signature:
 
     index: int
     certs: List[x509.Certificate]
-    digest_found: bool  # the image's Authenticode SHA-256 digest is in the signed content
+    # The algorithm (sha256, sha1, ...) whose Authenticode digest of this image is in the
+    # signed content; None when the signature does not cover the image.
+    digest_algorithm: Optional[str] = None
+
+    @property
+    def digest_found(self) -> bool:
+        return self.digest_algorithm is not None
 
 
 @dataclass
@@ -388,6 +433,7 @@ class PeImage:
     path: str
     sha256: str  # Authenticode digest (what dbx hash entries revoke)
     signatures: List[Signature] = field(default_factory=list)
+    digests: Dict[str, str] = field(default_factory=dict)  # algorithm: hex digest
 
 
 def der_length(blob: bytes) -> int:
@@ -437,16 +483,30 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     # Authenticode digest: everything except the checksum, the security directory entry
     # and the certificate table itself (sbsign's and pesign's layout: the table is last).
     view = memoryview(data)  # no copies of a megabyte-sized image
-    digest = hashlib.sha256()
-    digest.update(view[:checksum_at])
-    digest.update(view[checksum_at + 4 : security_entry])
     if cert_size:
-        digest.update(view[security_entry + 8 : cert_offset])
-        digest.update(view[cert_offset + cert_size :])
+        parts = (
+            view[:checksum_at],
+            view[checksum_at + 4 : security_entry],
+            view[security_entry + 8 : cert_offset],
+            view[cert_offset + cert_size :],
+        )
     else:
-        digest.update(view[security_entry + 8 :])
-    image = PeImage(source, digest.hexdigest())
-    raw_digest = digest.digest()
+        parts = (
+            view[:checksum_at],
+            view[checksum_at + 4 : security_entry],
+            view[security_entry + 8 :],
+        )
+    raw_digests = {}
+    for algorithm in DIGESTS:
+        digest = hashlib.new(algorithm)
+        for part in parts:
+            digest.update(part)
+        raw_digests[algorithm] = digest.digest()
+    image = PeImage(
+        source,
+        raw_digests["sha256"].hex(),
+        digests={algorithm: raw.hex() for algorithm, raw in raw_digests.items()},
+    )
     offset = cert_offset
     index = 0
     while cert_size and offset < cert_offset + cert_size:
@@ -472,7 +532,8 @@ def parse_pe(data: bytes, source: str) -> PeImage:
             raise Error(
                 f"{where}: not a PKCS#7 SignedData structure " f"({exc.__class__.__name__})"
             ) from None
-        image.signatures.append(Signature(index, list(certs), raw_digest in blob))
+        algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
+        image.signatures.append(Signature(index, list(certs), algorithm))
         offset += (length + 7) & ~7
     return image
 
@@ -486,10 +547,11 @@ def read_pe(path: Path) -> PeImage:
 
 def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     """Whether issuer's key signed cert (names match and the signature verifies)."""
-    if cert.issuer != issuer.subject:
-        return False
-    key = issuer.public_key()
     try:
+        if cert.issuer != issuer.subject:
+            return False
+        # Inside the try: a key cryptography cannot load raises ValueError here.
+        key = issuer.public_key()
         if isinstance(key, rsa.RSAPublicKey):
             key.verify(
                 cert.signature,
@@ -503,10 +565,19 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
             )
         else:
             return False
-    except Exception:  # InvalidSignature, unsupported algorithms
+    except Exception:  # InvalidSignature, unsupported algorithms, unparseable keys
         return False
     return True
 
 
 def fingerprint(cert: x509.Certificate, algorithm: str = "sha256") -> str:
     return cert.fingerprint(hashes.SHA1() if algorithm == "sha1" else hashes.SHA256()).hex()
+
+
+def tbs_hashes(cert: x509.Certificate) -> Dict[str, str]:
+    """Hashes of the to-be-signed part, as dbx's x509_sha256/384/512 entries revoke it."""
+    tbs = cert.tbs_certificate_bytes
+    return {
+        f"x509_{algorithm}": hashlib.new(algorithm, tbs).hexdigest()
+        for algorithm in ("sha256", "sha384", "sha512")
+    }
