@@ -1,9 +1,15 @@
 """netboot-serialize on copies of the real text and gtk netboot trees of Debian 12."""
 
+import contextlib
+import ctypes
+import gzip
 import io
 import json
 import os
+import resource
 import shutil
+import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -339,9 +345,8 @@ def test_also_vga_then_serial_only_restores_vga_position(capsys, tmp_path):
     # Every vga=788 is back where d-i had it, only console= words were added.
     for name, entry in snapshot(tree).items():
         if entry[0] == "file" and (name.endswith(".cfg")) and "append" in entry[1].decode():
-            for old, new in zip(
-                pristine[name][1].decode().splitlines(), entry[1].decode().splitlines()
-            ):
+            lines = [ln for ln in entry[1].decode().splitlines() if not ln.startswith(ns.MARKER)]
+            for old, new in zip(pristine[name][1].decode().splitlines(), lines):
                 if old.strip().startswith("append"):
                     assert new.startswith(old.rstrip()), (old, new)
 
@@ -517,8 +522,6 @@ HOSTILE = {
 def test_hostile_tarball_writes_nothing(capsys, tmp_path, kind, where):
     src = tmp_path / "src"
     copy_fixture("text", src)
-    if kind == "through-symlink" and where == "start":
-        pytest.skip("needs the real tree's directory first")
     path = hostile(tmp_path, src, lambda t, w: HOSTILE[kind](t) if w == where else None)
     for dest in (tmp_path / "out", tmp_path / "out.tar.gz", None):
         before = sorted(p.name for p in tmp_path.iterdir())
@@ -610,7 +613,7 @@ def test_interrupted_tarball_output_leaves_old_tarball(capsys, tree, tmp_path, m
     assert run(capsys, source, "-o", dest)[0] == 0
     old = dest.read_bytes()
 
-    def half(path, members, out, replace, compress):
+    def half(path, members, out, replace, compression):
         out.write(b"half a tarball")
         raise KeyboardInterrupt
 
@@ -621,16 +624,78 @@ def test_interrupted_tarball_output_leaves_old_tarball(capsys, tree, tmp_path, m
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_in_place_write_failure_is_one_line(capsys, tree):
-    directory = tree / BS
-    os.chmod(directory, 0o555)
+def run_without_dac_override(*argv):
+    """ns.main in a forked child holding no capabilities, so that permission bits apply
+    even when the tests run as root (as CI does): (exit code, stdout, stderr)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        result = [99, "", "child failed"]
+        try:
+            os.close(read_fd)
+            # capset(2): _LINUX_CAPABILITY_VERSION_3, this process; empty sets.
+            header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+            if ctypes.CDLL(None, use_errno=True).capset(header, (ctypes.c_uint32 * 6)()):
+                raise OSError(ctypes.get_errno(), "capset")
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = ns.main([str(a) for a in argv])
+            result = [code, out.getvalue(), err.getvalue()]
+        except BaseException as exc:
+            result = [99, "", repr(exc)]
+        finally:
+            os.write(write_fd, json.dumps(result).encode())
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    code, out, err = json.loads(data)
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def test_in_place_write_failure_is_one_line(tree):
+    before = snapshot(tree)
+    os.chmod(tree / BS, 0o555)
     try:
-        if os.access(directory, os.W_OK):
-            pytest.skip("running as root: a read-only directory is still writable")
-        code, _, err = run(capsys, tree)
-        assert code == 2 and err.startswith("netboot-serialize: error: cannot write")
+        code, _, err = run_without_dac_override(tree)
     finally:
-        os.chmod(directory, 0o755)
+        os.chmod(tree / BS, 0o755)
+    assert code == 2 and err.startswith("netboot-serialize: error: cannot write"), err
+    assert err.count("\n") == 1
+    assert snapshot(tree) == before
+
+
+def test_in_place_write_failure_as_file_size_limit(capsys, tree):
+    """The same through RLIMIT_FSIZE, which binds root too (Python ignores SIGXFSZ)."""
+    before = snapshot(tree)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+    try:
+        code, _, err = run(capsys, tree)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 2 and err.startswith("netboot-serialize: error: cannot write"), err
+    assert err.count("\n") == 1
+    assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_unreadable_directory_is_an_error(tree, tmp_path, output):
+    """os.walk would skip it silently: here the grub directory, leaving UEFI on VGA."""
+    before = snapshot(tree)
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    os.chmod(tree / "debian-installer/amd64/grub", 0)
+    try:
+        argv = [tree] + (["--output", tmp_path / "out"] if output else [])
+        code, _, err = run_without_dac_override(*argv)
+    finally:
+        os.chmod(tree / "debian-installer/amd64/grub", 0o755)
+    assert code == 2 and err.startswith("netboot-serialize: error: cannot read"), err
+    assert "grub" in err and err.count("\n") == 1
+    assert snapshot(tree) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing
 
 
 def test_huge_config_member_is_refused(capsys, tmp_path):
@@ -644,3 +709,321 @@ def test_huge_config_member_is_refused(capsys, tmp_path):
     code, _, err = run(capsys, path, "-o", tmp_path / "out")
     assert code == 2 and "too big for a boot config" in err
     assert not (tmp_path / "out").exists()
+
+
+# --- --output onto what exists ------------------------------------------------------------------
+
+
+def listing(top: Path) -> dict:
+    """Every entry below top with its bytes, for 'nothing changed anywhere' assertions."""
+    return {
+        name: (top / name).read_bytes() if (top / name).is_file() else None
+        for name in ns.tree_names(top)
+    }
+
+
+def test_output_holding_the_source_is_refused(capsys, tmp_path):
+    """netboot-serialize tftp/netboot.tar --output tftp swapped out and deleted the source."""
+    src = copy_fixture("text", tmp_path / "src")
+    tftp = tmp_path / "tftp"
+    tftp.mkdir()
+    make_tarball(src, tftp / "netboot.tar.gz")
+    (tftp / "other-os.txt").write_text("keep me\n")
+    shutil.copytree(src, tftp / "tree", symlinks=True)
+    before = listing(tmp_path)
+    for source in (tftp / "netboot.tar.gz", tftp / "tree"):
+        code, _, err = run(capsys, source, "--output", tftp)
+        assert code == 2 and "holds the source" in err and err.count("\n") == 1, err
+        assert listing(tmp_path) == before
+
+
+def test_output_with_foreign_files_is_refused(capsys, tmp_path):
+    src = copy_fixture("gtk", tmp_path / "src")
+    dest = tmp_path / "tftp"
+    dest.mkdir()
+    (dest / "other-os").mkdir()
+    (dest / "other-os" / "vmlinuz").write_bytes(b"kernel")
+    before = listing(tmp_path)
+    for source in (src, make_tarball(src, tmp_path / "netboot.tar.gz")):
+        before = listing(tmp_path)
+        code, _, err = run(capsys, source, "--output", dest)
+        assert code == 2 and err.count("\n") == 1
+        assert "refusing to replace" in err and "other-os" in err and "1 more" in err, err
+        assert listing(tmp_path) == before
+
+
+def test_output_onto_an_empty_or_earlier_directory(capsys, tmp_path):
+    src = copy_fixture("text", tmp_path / "src")
+    dest = tmp_path / "tftp"
+    dest.mkdir(mode=0o750)  # tftpd-hpa's /srv/tftp exists before the first run
+    assert run(capsys, src, "--output", dest)[0] == 0
+    assert run(capsys, dest, "--check")[0] == 0
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o750
+    # A text tree into a directory holding the larger gtk tree loses gtk-only files: refused.
+    gtk = copy_fixture("gtk", tmp_path / "gtk")
+    assert run(capsys, gtk, "--output", dest, "--console", "ttyS1,9600")[0] == 0
+    code, _, err = run(capsys, src, "--output", dest)
+    assert code == 2 and "refusing to replace" in err
+
+
+def test_second_output_run_writes_nothing(capsys, tree, tmp_path):
+    source = make_tarball(tree, tmp_path / "netboot.tar.gz")
+    for src in (tree, source):
+        for dest in (tmp_path / "out", tmp_path / "out.tar.gz"):
+            assert run(capsys, src, "--output", dest, "--console", "ttyS1,115200n8")[0] == 0
+            stamp = os.lstat(dest)
+            inodes = (
+                {n: os.lstat(dest / n).st_ino for n in ns.tree_names(dest)}
+                if dest.is_dir()
+                else {}
+            )
+            code, out, _ = run(capsys, src, "--output", dest, "--console", "ttyS1,115200n8")
+            assert code == 0 and "nothing to change" in out and "changed:" not in out, out
+            assert (os.lstat(dest).st_ino, os.lstat(dest).st_mtime_ns) == (
+                stamp.st_ino,
+                stamp.st_mtime_ns,
+            )
+            if dest.is_dir():
+                assert {n: os.lstat(dest / n).st_ino for n in ns.tree_names(dest)} == inodes
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    code, out, _ = run(capsys, source, "--json", "-o", tmp_path / "out", "-c", "ttyS1,115200")
+    assert json.loads(out)["written"] is False
+    code, out, _ = run(capsys, source, "-o", tmp_path / "out", "-c", "ttyS2,115200")
+    assert code == 0 and out.endswith(f"wrote {tmp_path / 'out'} (ttyS2,115200n8)\n")
+
+
+def test_output_dot(capsys, tmp_path, monkeypatch):
+    src = copy_fixture("text", tmp_path / "src")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.txt").write_text("keep\n")
+    monkeypatch.chdir(work)
+    code, _, err = run(capsys, src, "--output", ".")
+    assert code == 2 and "refusing to replace" in err and "mine.txt" in err
+    assert (work / "mine.txt").read_text() == "keep\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    assert run(capsys, src, "--output", ".")[0] == 0
+    assert run(capsys, empty, "--check")[0] == 0
+
+
+def test_output_root_and_empty_name(capsys, tree):
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree, "--output", "/")
+    assert code == 2 and "root directory" in err and err.count("\n") == 1
+    code, _, err = run(capsys, tree, "--output", "")
+    assert code == 2 and "--output needs" in err and err.count("\n") == 1
+    assert snapshot(tree) == before  # "" used to mean: edit in place
+
+
+def test_unsupported_output_compression_is_refused(capsys, tree, tmp_path):
+    code, _, err = run(capsys, tree, "--output", tmp_path / "netboot.tar.zst")
+    assert code == 2 and ".tar.xz" in err
+    assert not (tmp_path / "netboot.tar.zst").exists()
+
+
+# --- interrupted runs ---------------------------------------------------------------------------
+
+
+def partial_run(tree: Path, argv, only) -> None:
+    """What an interrupted in-place run leaves: the files in only rewritten, the rest old."""
+    args = ns.build_parser().parse_args([str(tree)] + argv)
+    layout, files = ns.read_tree(tree)
+    for change in ns.serialize(files, layout, ns.settings_from(args)):
+        if only(change.path):
+            (tree / change.path).write_bytes(change.new)
+
+
+FIRST = ["--console", "ttyS0,9600", "--extra-args", "a=1 --- b=2", "--timeout", "3"]
+SECOND = ["--console", "ttyS1,115200n8", "--also-vga", "--extra-args", "c=3"]
+
+
+@pytest.mark.parametrize("flavour", ["text", "gtk"])
+@pytest.mark.parametrize("first", [None, FIRST])
+def test_interrupted_in_place_run_is_repaired(capsys, tmp_path, flavour, first):
+    """Whatever subset of files an interrupted run rewrote, the next run gets it right."""
+    expected = copy_fixture(flavour, tmp_path / "expected")
+    assert run(capsys, expected, *SECOND)[0] == 0
+    probe = copy_fixture(flavour, tmp_path / "probe")
+    if first:
+        assert run(capsys, probe, *first)[0] == 0
+    layout, files = ns.read_tree(probe)
+    names = [
+        c.path
+        for c in ns.serialize(
+            files, layout, ns.settings_from(ns.build_parser().parse_args([str(probe)] + SECOND))
+        )
+    ]
+    assert BS + "syslinux.cfg" in names and BS + "txt.cfg" in names
+    subsets = [{n} for n in names] + [set(names) - {n} for n in names]
+    for i, subset in enumerate(subsets):
+        tree = copy_fixture(flavour, tmp_path / f"t{i}")
+        if first:
+            assert run(capsys, tree, *first)[0] == 0
+        partial_run(tree, SECOND, lambda path: path in subset)
+        assert run(capsys, tree, *SECOND)[0] == 0
+        assert snapshot(tree) == snapshot(expected), sorted(subset)
+
+
+def test_tree_serialized_by_0_1_0_is_undone(capsys, tmp_path):
+    """0.1.0 kept its settings in syslinux.cfg only: menu files without a marker of their
+    own but with console= words fall back to it."""
+    tree = copy_fixture("gtk", tmp_path / "old")
+    assert run(capsys, tree, *FIRST)[0] == 0
+    for name in ns.tree_names(tree):
+        if name.startswith(BS) and not name.endswith("syslinux.cfg") and name.endswith(".cfg"):
+            data = (tree / name).read_bytes()
+            kept = [ln for ln in data.splitlines(True) if not ln.startswith(ns.MARKER.encode())]
+            (tree / name).write_bytes(b"".join(kept))
+    assert run(capsys, tree, *SECOND)[0] == 0
+    expected = copy_fixture("gtk", tmp_path / "expected")
+    assert run(capsys, expected, *SECOND)[0] == 0
+    assert snapshot(tree) == snapshot(expected)
+
+
+# --- GRUB syntax of what is written -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", ["a|b", "a&b", "a<b", "a>b", "#x", "a=1 --- #c"])
+def test_grub_syntax_characters_are_refused(capsys, tree, extra):
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree, "--extra-args", extra)
+    assert code == 2 and "refusing kernel argument" in err and err.count("\n") == 1
+    assert snapshot(tree) == before
+
+
+@pytest.mark.skipif(not shutil.which("grub-script-check"), reason="grub-common not installed")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--also-vga", "--timeout", "5", "--default", "rescue"],
+        ["--extra-args", "url=http://10.0.0.1/p.cfg?a=b#x a#b (x) --- net.ifnames=0 *"],
+    ],
+)
+def test_grub_cfg_passes_grub_script_check(capsys, tree, argv):
+    assert run(capsys, tree, *argv)[0] == 0
+    check = subprocess.run(
+        ["grub-script-check", str(tree / GRUB)], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# --- tarballs: memory, compression, errors ----------------------------------------------------
+
+
+def test_only_the_layouts_configs_are_read(capsys, tmp_path):
+    """A *.cfg of another directory is never read, however big: it is no boot config."""
+    src = copy_fixture("text", tmp_path / "src")
+    path = tmp_path / "n.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(src, arcname=".")
+        add(tar, "./debian-installer/other/boot-screens/big.cfg", b"#" * (2 << 20))
+    assert run(capsys, path, "-o", tmp_path / "out")[0] == 0
+    assert (tmp_path / "out/debian-installer/other/boot-screens/big.cfg").stat().st_size == 2 << 20
+
+
+def test_boot_configs_over_the_total_are_refused(capsys, tmp_path, monkeypatch):
+    src = copy_fixture("text", tmp_path / "src")
+    path = tmp_path / "n.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(src, arcname=".")
+        for i in range(8):
+            add(tar, f"./{BS}pad{i}.cfg", b"#" * 100_000)
+    monkeypatch.setattr(nst, "MAX_WANTED_TOTAL", 500_000)
+    code, _, err = run(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "boot configs are over 500000 bytes" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_huge_gnu_long_name_is_refused_unread(capsys, tmp_path):
+    """tarfile reads a GNU long name whole: 8 MiB of name is refused before that read."""
+    path = tmp_path / "long.tar.gz"
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, 8 << 20
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        out.write(b"a" * (8 << 20))
+        out.write(tarfile.TarInfo("x").tobuf(format=tarfile.GNU_FORMAT) + b"\0" * 1024)
+    code, _, err = run(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "refusing tarball: a header or name of over" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "suffix,mode,magic",
+    [(".tar.xz", "w:xz", b"\xfd7zXZ\0"), (".tar.bz2", "w:bz2", b"BZh"), (".tar", "w", None)],
+)
+def test_in_place_tarball_keeps_its_compression(capsys, tree, tmp_path, suffix, mode, magic):
+    path = tmp_path / f"netboot{suffix}"
+    with tarfile.open(path, mode) as tar:
+        tar.add(tree, arcname=".")
+    os.chmod(path, 0o600)
+    assert run(capsys, path, "--console", "ttyS1,115200n8")[0] == 0
+    head = path.read_bytes()[:6]
+    assert (
+        head.startswith(magic) if magic else tarfile.is_tarfile(path) and head[:2] != b"\x1f\x8b"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert run(capsys, path, "--check", "--console", "ttyS1,115200n8")[0] == 0
+    # --output picks the compression by name.
+    out = tmp_path / f"out{suffix}"
+    assert run(capsys, path, "--output", out)[0] == 0
+    assert out.read_bytes()[:6].startswith(magic) if magic else True
+    assert run(capsys, out, "--check")[0] == 0
+
+
+@pytest.mark.parametrize("name", ["junk.tar", "junk.tar.gz", "empty.tar"])
+def test_not_a_tar_archive_is_one_line(capsys, tmp_path, name):
+    (tmp_path / name).write_bytes(b"" if name == "empty.tar" else b"this is no archive\n" * 40)
+    code, _, err = run(capsys, tmp_path / name, "-o", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "not a tar archive" in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- owners and hard links --------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_in_place_edit_keeps_owner_group_and_mode(capsys, tree, tmp_path):
+    txt = tree / BS / "txt.cfg"
+    os.chown(txt, 1234, 4321)
+    os.chmod(txt, 0o640)
+    tarball = make_tarball(tree, tmp_path / "n.tar.gz")
+    os.chown(tarball, 1234, 4321)
+    os.chmod(tarball, 0o604)
+    assert run(capsys, tree)[0] == 0
+    assert run(capsys, tarball)[0] == 0
+    for path, mode in ((txt, 0o640), (tarball, 0o604)):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 4321, mode), path
+    assert run(capsys, tree, "--check")[0] == 0
+
+
+def test_in_place_edit_refuses_an_owner_it_cannot_keep(tree):
+    if os.geteuid() == 0:
+        os.chown(tree / BS / "txt.cfg", 1234, 4321)
+        code, _, err = run_without_dac_override(tree)  # without CAP_CHOWN
+    else:
+        pytest.skip("needs a file of another user")
+    assert code == 2 and "cannot keep the owner" in err, err
+    assert (tree / BS / "txt.cfg").stat().st_uid == 1234
+    assert b"console=" not in (tree / BS / "syslinux.cfg").read_bytes()
+
+
+def test_hard_links_are_packed(capsys, tree, tmp_path):
+    os.link(tree / BS / "f1.txt", tree / "help.txt")
+    os.link(tree / BS / "txt.cfg", tree / "install.cfg")
+    before = (tree / BS / "txt.cfg").read_bytes()
+    dest = tmp_path / "out.tar.gz"
+    assert run(capsys, tree, "--output", dest)[0] == 0
+    with tarfile.open(dest) as tar:
+        assert tar.getmember("./help.txt").islnk() or tar.getmember(f"./{BS}f1.txt").islnk()
+        install, txt = tar.getmember("./install.cfg"), tar.getmember(f"./{BS}txt.cfg")
+        assert install.isreg() and txt.isreg()
+        assert tar.extractfile(install).read() == before  # as the in-place edit leaves it
+        assert b"console=ttyS0" in tar.extractfile(txt).read()
+    assert run(capsys, dest, "--output", tmp_path / "tree")[0] == 0
+    assert (tmp_path / "tree/help.txt").read_bytes() == (tree / BS / "f1.txt").read_bytes()

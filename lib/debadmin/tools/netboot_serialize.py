@@ -3,6 +3,7 @@
 import argparse
 import ctypes
 import difflib
+import filecmp
 import logging
 import os
 import re
@@ -12,7 +13,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from debadmin import cli, fsutil
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
@@ -38,6 +39,9 @@ ENTRIES = {
     "auto": ("auto", "Advanced options ...>... Automated install"),
 }
 TOP_LEVEL = ("syslinux.cfg", "prompt.cfg")  # files syslinux loads as a whole configuration
+# Characters GRUB's script parser takes as syntax on a 'linux' line (grub-script-check
+# rejects | & < >; a word starting with '#' comments out the rest, console= included).
+UNSAFE = set("{}'\"\\;$|&<>")
 AUTOBOOT = re.compile(r"^\s*(timeout|totaltimeout|ontimeout|menu\s+autoboot)\b", re.I)
 
 
@@ -94,19 +98,11 @@ def parse_extra_args(text: str) -> str:
     for word in words:
         if word.startswith("console="):
             raise Error("--extra-args must not set console=; use --console")
-        if (
-            any(ord(c) < 32 or ord(c) == 127 for c in word)
-            or "{" in word
-            or "}" in word
-            or "'" in word
-            or '"' in word
-            or "\\" in word
-            or ";" in word
-            or "$" in word
-        ):
+        if any(ord(c) < 32 or ord(c) == 127 or c in UNSAFE for c in word) or word.startswith("#"):
             raise Error(
-                f"refusing kernel argument {word!r}: quotes, braces, '$', ';', "
-                "backslashes and control characters do not survive both boot loaders"
+                f"refusing kernel argument {word!r}: quotes, braces, backslashes, "
+                "'$ ; | & < >', control characters and a leading '#' do not survive "
+                "both boot loaders"
             )
     if words.count("---") > 1:
         raise Error("--extra-args holds '---' more than once")
@@ -220,16 +216,36 @@ def syslinux_marker(data: bytes) -> Optional[Settings]:
     return None
 
 
+def _has_console(lines: List[str]) -> bool:
+    return any(
+        _directive(ln)[1].lower() == "append" and " console=" in _directive(ln)[2] for ln in lines
+    )
+
+
 def edit_syslinux_included(
-    data: bytes, old: Optional[Settings], new: Settings
+    data: bytes, legacy: Optional[Settings], new: Settings
 ) -> Tuple[bytes, List[str]]:
-    """A menu file (txt.cfg, spk.cfg, ...): kernel command lines and autoboot lines."""
+    """A menu file (txt.cfg, spk.cfg, ...): kernel command lines and autoboot lines.
+
+    A file with kernel lines carries its own marker comment with the settings they were
+    serialized for, written in the same rename as they are, so that undoing them never
+    depends on another file: an interrupted run leaves each file consistent. A file
+    serialized by netboot-serialize 0.1.0 has console= words but no marker of its own;
+    then legacy, the marker of syslinux.cfg (written last), says what was applied.
+    """
     lines = _split_lines(data)
+    own = [parse_marker(ln) for ln in lines if ln.startswith(MARKER)]
+    old = next((m for m in own if m), None)
+    if old is None and _has_console(lines):
+        old = legacy
+    lines = [ln for ln in lines if not ln.startswith(MARKER)]
     notes: List[str] = []
     kernel_lines = 0
+    has_kernel_lines = False
     for i, line in enumerate(lines):
         indent, keyword, rest = _directive(line)
         if keyword.lower() == "append":
+            has_kernel_lines = True
             edited = indent + keyword + edit_cmdline(rest, old, new, False) + _eol(line)
             if edited != line:
                 lines[i] = edited
@@ -237,9 +253,15 @@ def edit_syslinux_included(
         elif keyword and AUTOBOOT.match(line) and not re.match(r"^\s*timeout\s+0\s*$", line):
             lines[i] = DISABLED + line.lstrip()
             notes.append(f"{AUTOBOOT.match(line).group(1)} disabled")
+    if has_kernel_lines:
+        at = 1 if lines and lines[0].startswith("# D-I config version") else 0
+        lines.insert(at, new.marker() + (_eol(lines[0]) if lines else "\n"))
     if kernel_lines:
         notes.insert(0, f"{kernel_lines} kernel command line(s)")
-    return _join_lines(lines), notes
+    result = _join_lines(lines)
+    if result != data and not notes:
+        notes.append("settings comment")
+    return result, notes
 
 
 def labels(files: Dict[str, bytes]) -> Dict[str, Tuple[str, str]]:
@@ -449,11 +471,11 @@ class Change:
 def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Change]:
     """The edits that serialize the tree whose relevant files are given; pure."""
     prefix = layout.arch_dir + "/boot-screens/"
-    old = syslinux_marker(files[prefix + "syslinux.cfg"])
+    legacy = syslinux_marker(files[prefix + "syslinux.cfg"])
     result: Dict[str, Tuple[bytes, List[str]]] = {}
     for name in layout.configs:
         if name[len(prefix) :] not in TOP_LEVEL:
-            result[name] = edit_syslinux_included(files[name], old, new)
+            result[name] = edit_syslinux_included(files[name], legacy, new)
     menu = labels({n: result[n][0] for n in result})
     for base in TOP_LEVEL:
         name = prefix + base
@@ -474,7 +496,7 @@ def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Ch
 def tree_names(top: Path) -> List[str]:
     """Relative names below top, without entering symlinked directories."""
     names = []
-    for dirpath, dirnames, filenames in os.walk(top):
+    for dirpath, dirnames, filenames in os.walk(top, onerror=tarball.walk_error):
         rel = os.path.relpath(dirpath, top)
         for name in dirnames + filenames:
             names.append(os.path.normpath(os.path.join(rel, name)))
@@ -502,20 +524,19 @@ def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
     return layout, files
 
 
-CONFIG_NAME = re.compile(
-    r"^(version\.info|debian-installer/[a-z0-9]+/(boot-screens/[^/]+\.cfg" r"|grub/grub\.cfg))$"
-)
 MAX_CONFIG_SIZE = 1 << 20  # d-i's largest, grub.cfg, is 10 kB
 
 
-def is_config_name(name: str) -> bool:
-    return bool(CONFIG_NAME.match(name))
-
-
 def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Member]]:
-    members, contents = tarball.read_members(path, is_config_name)
-    names = [m.name for m in members]
-    layout = find_layout(names)
+    found: List[Layout] = []
+
+    def choose(names: List[str]) -> List[str]:
+        # Only the files of the one recognised tree are read, never every *.cfg.
+        found.append(find_layout(names))
+        return [n for n in names if found[0].wanted(n)]
+
+    members, contents = tarball.read_members(path, choose)
+    layout = found[0]
     for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
         if name not in contents:
             raise Error(f"refusing tarball: {name} is not a regular file")
@@ -524,9 +545,9 @@ def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Mem
     return layout, contents, members
 
 
-def _sibling_temp_dir(dest: Path) -> Path:
+def _sibling_temp_dir(dest: Path, suffix: str = ".tmp") -> Path:
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=suffix, dir=dest.parent))
     except OSError as exc:
         raise Error(f"cannot create a directory next to {dest}: {exc.strerror}") from None
 
@@ -544,24 +565,118 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def put_tree_in_place(staging: Path, dest: Path) -> None:
-    """Rename the finished staging directory to dest, replacing an old dest whole."""
+    """Rename the finished staging directory to dest, replacing an old dest whole.
+
+    The caller has checked that the old dest holds nothing the new tree lacks.
+    """
     fsutil.fsync_dir(staging)
     if not os.path.lexists(dest):
         os.rename(staging, dest)
     elif _exchange(staging, dest):
         shutil.rmtree(staging)
     else:
-        old = dest.with_name(f".{dest.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
+        old = _sibling_temp_dir(dest, ".old")  # a fresh name: never someone else's
         os.rename(dest, old)
         os.rename(staging, dest)
         shutil.rmtree(old)
     fsutil.fsync_dir(dest.parent)
 
 
-def write_tarball_atomically(dest: Path, writer) -> None:
-    with fsutil.atomic_writer(dest) as out:
-        writer(out)
+class _Unchanged(Exception):
+    """Raised inside atomic_writer to drop a new file that equals the one it would replace."""
+
+
+def _same_bytes(fd: int, path: Path) -> bool:
+    try:
+        other = open(path, "rb")
+    except OSError:
+        return False
+    with other:
+        if os.fstat(fd).st_size != os.fstat(other.fileno()).st_size:
+            return False
+        offset = 0
+        while True:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if chunk != other.read(1 << 20):
+                return False
+            if not chunk:
+                return True
+            offset += len(chunk)
+
+
+def write_tarball_atomically(dest: Path, writer: Callable[[BinaryIO], None]) -> bool:
+    """Write dest through writer; False (and dest untouched) when the bytes are the same.
+
+    An existing dest keeps its mode, owner and group.
+    """
+    old = os.stat(dest) if dest.is_file() else None
+    mode, uid, gid = (0o644, None, None) if old is None else _ownership(dest, old)
+    try:
+        with fsutil.atomic_writer(dest, mode, uid, gid) as out:
+            writer(out)
+            out.flush()
+            if old is not None and _same_bytes(out.fileno(), dest):
+                raise _Unchanged
+    except _Unchanged:
+        return False
+    return True
+
+
+def _can_chown() -> bool:
+    """Whether this process may give files away (CAP_CHOWN), as root normally may."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def _ownership(path: Path, old: os.stat_result) -> Tuple[int, int, int]:
+    """Mode, uid and gid for the file replacing path; Error when they cannot be kept."""
+    if not _can_chown() and (
+        old.st_uid != os.geteuid() or old.st_gid not in (os.getegid(), *os.getgroups())
+    ):
+        raise Error(
+            f"cannot keep the owner of {path} (uid {old.st_uid}, gid {old.st_gid}): "
+            "run as root or as its owner"
+        )
+    return stat.S_IMODE(old.st_mode), old.st_uid, old.st_gid
+
+
+def write_in_place(source: Path, replace: Dict[str, bytes]) -> None:
+    """Replace files of the tree one by one, each keeping its mode, owner and group."""
+    # syslinux.cfg goes last: the menu files a 0.1.0 run left without their own marker
+    # fall back to its marker, which must stay the old one until they are all rewritten.
+    names = sorted(replace, key=lambda n: (n.endswith("/syslinux.cfg"), n))
+    keep = {name: _ownership(source / name, os.stat(source / name)) for name in names}
+    for name in names:
+        mode, uid, gid = keep[name]
+        fsutil.atomic_write(source / name, replace[name], mode=mode, uid=uid, gid=gid)
+
+
+def same_tree(new: Path, old: Path, replaced: Iterable[str]) -> bool:
+    """Whether old already is new: names, kinds, modes, link targets, contents, and the
+    time stamps of the files copied unchanged."""
+    names = sorted(tree_names(new))
+    if names != sorted(tree_names(old)):
+        return False
+    for name in names:
+        a, b = os.lstat(new / name), os.lstat(old / name)
+        if a.st_mode != b.st_mode:
+            return False
+        if stat.S_ISLNK(a.st_mode):
+            if os.readlink(new / name) != os.readlink(old / name):
+                return False
+        elif stat.S_ISREG(a.st_mode):
+            if a.st_size != b.st_size:
+                return False
+            if name not in replaced and a.st_mtime_ns != b.st_mtime_ns:
+                return False
+            if not filecmp.cmp(new / name, old / name, shallow=False):
+                return False
+    return True
 
 
 def copy_tree(src: Path, dest: Path) -> None:
@@ -662,6 +777,63 @@ def kind_of(path: Path) -> str:
     )
 
 
+def output_path(text: Optional[str]) -> Optional[Path]:
+    """--output as an absolute path with its parent resolved (DEST itself may be a link)."""
+    if text is None:
+        return None
+    if not text:
+        raise Error("--output needs a file or directory name")
+    path = Path(text)
+    path = path.resolve() if path.name in ("", "..") else path.parent.resolve() / path.name
+    if path == Path(path.anchor):
+        raise Error(f"--output {text}: refusing to replace the root directory")
+    return path
+
+
+def new_names(source: Path, source_kind: str, members: List[tarball.Member]) -> Set[str]:
+    """Every name the written tree will hold."""
+    if source_kind == "tree":
+        return set(tree_names(source))
+    names = set()
+    for member in members:
+        parts = member.name.split("/")
+        names.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return names
+
+
+def check_output(source: Path, source_kind: str, dest: Path, names: Set[str]) -> str:
+    """Refuse a DEST that would lose data; return its kind, tree or tarball."""
+    if tarball.is_unsupported_tarball_name(dest):
+        raise Error(
+            f"--output {dest}: tarballs are written as .tar.gz, .tgz, .tar.xz, .txz, "
+            ".tar.bz2, .tbz2 or .tar"
+        )
+    dest_kind = "tarball" if tarball.is_tarball_name(dest) else "tree"
+    real_source, real_dest = source.resolve(), dest.resolve()
+    if source_kind == "tree" and real_source in real_dest.parents:
+        raise Error(f"--output {dest} lies inside the source tree")
+    if real_dest in real_source.parents:
+        raise Error(
+            f"--output {dest} holds the source {source}; "
+            "write to a new or empty directory beside it"
+        )
+    is_tree = dest.is_dir() and not dest.is_symlink()
+    if os.path.lexists(dest) and (dest_kind == "tree") != is_tree:
+        raise Error(f"--output {dest} exists and is not a {dest_kind}")
+    if not dest.parent.is_dir():
+        raise Error(f"--output {dest}: {dest.parent} is not a directory")
+    if dest_kind == "tree" and is_tree:
+        # The old directory is replaced whole: only when all it holds is in the new tree.
+        foreign = sorted(set(tree_names(dest)) - names)
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise Error(
+                f"refusing to replace {dest}: it holds {foreign[0]}{more}, which the new "
+                "tree has not; write to a new or empty directory"
+            )
+    return dest_kind
+
+
 def run(args: argparse.Namespace) -> int:
     new = settings_from(args)
     source = Path(args.source)
@@ -671,20 +843,14 @@ def run(args: argparse.Namespace) -> int:
         layout, files = read_tree(source)
     else:
         layout, files, members = read_tarball(source)
-    dest = Path(args.output) if args.output else None
+    dest = output_path(args.output)
     if dest is not None and dest.resolve() == source.resolve():
         dest = None
     dest_kind = None
     if dest is not None:
-        if source_kind == "tree" and source.resolve() in dest.resolve().parents:
-            raise Error(f"--output {dest} lies inside the source tree")
-        dest_kind = "tarball" if tarball.is_tarball_name(dest) else "tree"
-        if os.path.lexists(dest) and (dest_kind == "tree") != (
-            dest.is_dir() and not dest.is_symlink()
-        ):
-            raise Error(f"--output {dest} exists and is not a {dest_kind}")
-        if not dest.parent.is_dir():
-            raise Error(f"--output {dest}: {dest.parent} is not a directory")
+        dest_kind = check_output(
+            source, source_kind, dest, new_names(source, source_kind, members)
+        )
     changes = serialize(files, layout, new)
     mode = "check" if args.check else "dry-run" if args.dry_run else "apply"
     report = Report(
@@ -727,29 +893,40 @@ def write(
     members: List[tarball.Member],
     replace: Dict[str, bytes],
 ) -> bool:
+    """Write the result; False when nothing needed writing (dest already is the result)."""
     if dest is None:
         if not replace:
             return False
         if source_kind == "tree":
-            for name, data in replace.items():
-                path = source / name
-                fsutil.atomic_write(path, data, mode=stat.S_IMODE(os.stat(path).st_mode))
+            write_in_place(source, replace)
             return True
-        dest, dest_kind = source, "tarball"
-    compress = not dest.name.endswith(".tar")
+        compression = tarball.detect_compression(source)  # kept, whatever the name says
+        return write_tarball_atomically(
+            source, lambda out: tarball.rewrite(source, members, out, replace, compression)
+        )
     if dest_kind == "tarball":
+        compression = tarball.compression_of_name(dest) or "plain"
         if source_kind == "tree":
-            write_tarball_atomically(
-                dest, lambda out: tarball.write_tree_tarball(source, out, replace, compress)
+            return write_tarball_atomically(
+                dest, lambda out: tarball.write_tree_tarball(source, out, replace, compression)
             )
-        else:
-            write_tarball_atomically(
-                dest, lambda out: tarball.rewrite(source, members, out, replace, compress)
-            )
-        return True
+        return write_tarball_atomically(
+            dest, lambda out: tarball.rewrite(source, members, out, replace, compression)
+        )
+    return write_tree(source, source_kind, dest, members, replace)
+
+
+def write_tree(
+    source: Path,
+    source_kind: str,
+    dest: Path,
+    members: List[tarball.Member],
+    replace: Dict[str, bytes],
+) -> bool:
+    """Build the tree next to dest, then rename it into place unless dest already is it."""
+    old = os.lstat(dest) if os.path.lexists(dest) else None
     staging = _sibling_temp_dir(dest)
     try:
-        os.chmod(staging, 0o755)
         if source_kind == "tree":
             copy_tree(source, staging)
             for name, data in replace.items():
@@ -760,6 +937,13 @@ def write(
                 os.chmod(path, mode)
         else:
             tarball.extract(source, members, staging, replace)
+        if old is not None and same_tree(staging, dest, replace):
+            shutil.rmtree(staging)
+            return False
+        # A replaced directory (a TFTP root) keeps its mode, and as root its owner.
+        os.chmod(staging, stat.S_IMODE(old.st_mode) if old else 0o755)
+        if old is not None and _can_chown():
+            os.chown(staging, old.st_uid, old.st_gid)
         put_tree_in_place(staging, dest)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -794,9 +978,9 @@ def print_report(report: Report) -> None:
             + (f" and write {target}" if report.output else "")
         )
         return
-    for change in report.changes:
-        print(f"changed: {change.path}: {'; '.join(change.notes)}")
     if report.written:
+        for change in report.changes:
+            print(f"changed: {change.path}: {'; '.join(change.notes)}")
         print(f"wrote {target} ({report.settings.console})")
     else:
         print(f"nothing to change: {target} is serialized for {report.settings.console}")
@@ -810,14 +994,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 ok, 1 not serialized (--check), 2 error or refused input",
     )
     parser.add_argument(
-        "source", metavar="SOURCE", help="netboot tree (TFTP root) or netboot.tar.gz / .tar"
+        "source",
+        metavar="SOURCE",
+        help="netboot tree (TFTP root) or netboot.tar.gz (or .tar, .tar.xz, .tar.bz2)",
     )
     parser.add_argument(
         "-o",
         "--output",
         metavar="DEST",
         help="write DEST instead of editing SOURCE: a tarball when it ends in "
-        ".tar.gz, .tgz or .tar, else a directory tree",
+        ".tar.gz, .tgz, .tar.xz, .txz, .tar.bz2, .tbz2 or .tar, else a directory tree "
+        "(an existing one only when it is empty or holds nothing the new tree lacks)",
     )
     parser.add_argument(
         "-c",

@@ -1,14 +1,19 @@
 """netboot-serialize's tarball side: validate hostile archives, extract and rewrite them."""
 
+import bz2
+import contextlib
 import gzip
 import io
+import lzma
 import os
 import posixpath
+import re
 import stat
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from debadmin.errors import Error
 
@@ -19,11 +24,42 @@ MAX_TOTAL_SIZE = 4 << 30
 MAX_NAME = 4096
 MAX_LINK_DEPTH = 40
 MAX_WANTED_SIZE = 1 << 20  # files read into memory: boot configs, version.info
-TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+MAX_WANTED_TOTAL = 16 << 20  # all of them together (d-i's are about 40 kB)
+# The largest single read tarfile may make: it reads a GNU long name or a pax header whole,
+# so a hostile archive declaring a 600 MB name would be held in memory.  Our own reads of
+# member data are at most MAX_WANTED_SIZE (a config read whole) or 1 MiB chunks.
+MAX_READ = 4 << 20
+# Name suffix -> compression, for --output; an in-place rewrite keeps what the source has.
+SUFFIXES = (
+    (".tar.gz", "gzip"),
+    (".tgz", "gzip"),
+    (".tar.xz", "xz"),
+    (".txz", "xz"),
+    (".tar.bz2", "bzip2"),
+    (".tbz2", "bzip2"),
+    (".tar", "plain"),
+)
+MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"))
+OPENERS: Dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    "xz": lambda raw: lzma.LZMAFile(raw, "rb"),
+    "bzip2": lambda raw: bz2.BZ2File(raw, "rb"),
+}
+READ_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
+
+
+def compression_of_name(path: Path) -> Optional[str]:
+    """gzip, xz, bzip2 or plain by the name's suffix; None when it is no tarball name."""
+    return next((kind for suffix, kind in SUFFIXES if path.name.endswith(suffix)), None)
 
 
 def is_tarball_name(path: Path) -> bool:
-    return path.name.endswith(TAR_SUFFIXES)
+    return compression_of_name(path) is not None
+
+
+def is_unsupported_tarball_name(path: Path) -> bool:
+    """A name like netboot.tar.zst: a tarball, but in a compression this tool cannot write."""
+    return not is_tarball_name(path) and bool(re.search(r"\.tar\.[^./]+$", path.name))
 
 
 @dataclass
@@ -154,32 +190,103 @@ def validate(tar: tarfile.TarFile) -> List[Member]:
     return members
 
 
-def open_tarball(path: Path) -> tarfile.TarFile:
+class _BoundedReads:
+    """The decompressed archive, refusing any single read over MAX_READ bytes."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > MAX_READ:
+            raise Error(f"refusing tarball: a header or name of over {MAX_READ} bytes")
+        return self.raw.read(size)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def read_error(path: Path, exc: BaseException) -> Error:
+    return Error(f"cannot read tarball {path}: {_one_line(exc)}")
+
+
+def detect_compression(path: Path) -> str:
+    """gzip, xz, bzip2 or plain, by the file's first bytes."""
     try:
-        return tarfile.open(path, "r:*")
-    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
-        raise Error(f"cannot read tarball {path}: {exc}") from None
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError as exc:
+        raise Error(f"cannot read tarball {path}: {exc.strerror}") from None
+    return next((kind for magic, kind in MAGIC if head.startswith(magic)), "plain")
+
+
+@contextlib.contextmanager
+def open_tarball(path: Path) -> Iterator[tarfile.TarFile]:
+    """The archive at path, gzip, xz, bzip2 or plain, for reading in stream order."""
+    compression = detect_compression(path)
+    try:
+        raw = open(path, "rb")
+    except OSError as exc:
+        raise Error(f"cannot read tarball {path}: {exc.strerror}") from None
+    with raw:
+        stream = OPENERS[compression](raw) if compression in OPENERS else raw
+        try:
+            tar = tarfile.open(fileobj=_BoundedReads(stream), mode="r:")
+        except tarfile.ReadError:
+            raise Error(
+                f"cannot read tarball {path}: "
+                + (
+                    "not a tar archive (neither plain nor gzip-, xz- or bzip2-compressed)"
+                    if compression == "plain"
+                    else f"no tar archive inside its {compression} compression"
+                )
+            ) from None
+        except READ_ERRORS as exc:
+            raise read_error(path, exc) from None
+        with tar:
+            yield tar
 
 
 def read_members(
-    path: Path, wanted: Callable[[str], bool]
+    path: Path, choose: Callable[[List[str]], Iterable[str]]
 ) -> Tuple[List[Member], Dict[str, bytes]]:
-    """Validate the archive; return its members and the contents of the wanted files."""
+    """Validate the archive; return its members and the contents of the files chosen.
+
+    choose gets every member name and returns the names to read; it may raise Error.
+    Only those are read into memory, each at most MAX_WANTED_SIZE, MAX_WANTED_TOTAL in all.
+    """
     contents: Dict[str, bytes] = {}
     with open_tarball(path) as tar:
         try:
             members = validate(tar)
+            wanted = set(choose([m.name for m in members]))
+            total = 0
             for member in members:
-                if member.kind == "file" and wanted(member.name):
-                    if member.info.size > MAX_WANTED_SIZE:
-                        raise Error(
-                            f"refusing tarball: {member.info.name!r} is "
-                            f"{member.info.size} bytes, too big for a boot config"
-                        )
-                    handle = tar.extractfile(member.info)
-                    contents[member.name] = handle.read() if handle else b""
-        except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
-            raise Error(f"cannot read tarball {path}: {exc}") from None
+                if member.kind != "file" or member.name not in wanted:
+                    continue
+                if member.info.size > MAX_WANTED_SIZE:
+                    raise Error(
+                        f"refusing tarball: {member.info.name!r} is "
+                        f"{member.info.size} bytes, too big for a boot config"
+                    )
+                total += member.info.size
+                if total > MAX_WANTED_TOTAL:
+                    raise Error(
+                        f"refusing tarball: its boot configs are over {MAX_WANTED_TOTAL} bytes"
+                    )
+                handle = tar.extractfile(member.info)
+                contents[member.name] = handle.read() if handle else b""
+        except READ_ERRORS as exc:
+            raise read_error(path, exc) from None
     return members, contents
 
 
@@ -216,8 +323,8 @@ def extract(path: Path, members: List[Member], dest: Path, replace: Dict[str, by
                         os.fchmod(out.fileno(), mode)
                     if member.name not in replace:
                         os.utime(target, (info.mtime, info.mtime), follow_symlinks=False)
-        except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
-            raise Error(f"cannot read tarball {path}: {exc}") from None
+        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            raise read_error(path, exc) from None
     for directory, mode, mtime in reversed(dirs):
         os.chmod(directory, mode)
         os.utime(directory, (mtime, mtime))
@@ -235,18 +342,38 @@ def _copy(handle: Optional[BinaryIO], out: BinaryIO, size: int) -> None:
         left -= len(chunk)
 
 
+@contextlib.contextmanager
+def compressed(out: BinaryIO, compression: str) -> Iterator[BinaryIO]:
+    """out wrapped in the compressor; no time stamp in the gzip header, so same in, same out."""
+    if compression == "plain":
+        yield out
+        return
+    if compression == "gzip":
+        stream: BinaryIO = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6)
+    elif compression == "xz":
+        stream = lzma.LZMAFile(out, "wb", preset=6)
+    else:
+        stream = bz2.BZ2File(out, "wb", compresslevel=9)
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
 def rewrite(
-    path: Path, members: List[Member], out: BinaryIO, replace: Dict[str, bytes], compress: bool
+    path: Path,
+    members: List[Member],
+    out: BinaryIO,
+    replace: Dict[str, bytes],
+    compression: str,
 ) -> None:
     """Copy the validated members of the tarball at path into out, with replaced contents.
 
-    Member order and metadata stay; the gzip header carries no time stamp, so the same
-    input gives the same bytes.
+    Member order and metadata stay, so the same input gives the same bytes.
     """
     by_name = {m.info.name: m for m in members}
-    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress else out
     try:
-        with open_tarball(path) as src, tarfile.open(
+        with open_tarball(path) as src, compressed(out, compression) as stream, tarfile.open(
             fileobj=stream, mode="w", format=tarfile.GNU_FORMAT
         ) as dst:
             for info in src:
@@ -265,11 +392,8 @@ def rewrite(
                         dst.addfile(info, src.extractfile(info))
                 else:
                     dst.addfile(info)
-    except (tarfile.TarError, EOFError, gzip.BadGzipFile) as exc:
-        raise Error(f"cannot read tarball {path}: {exc}") from None
-    finally:
-        if compress:
-            stream.close()
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        raise read_error(path, exc) from None
 
 
 def _copy_info(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -279,12 +403,22 @@ def _copy_info(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return new
 
 
+def walk_error(exc: OSError) -> None:
+    """os.walk's onerror: an unreadable directory is an error, not a silent omission."""
+    raise Error(f"cannot read {exc.filename}: {exc.strerror}")
+
+
 def write_tree_tarball(
-    tree: Path, out: BinaryIO, replace: Dict[str, bytes], compress: bool
+    tree: Path, out: BinaryIO, replace: Dict[str, bytes], compression: str
 ) -> None:
-    """Pack the tree as netboot.tar.gz is packed ('./' names), sorted, with replaced files."""
+    """Pack the tree as netboot.tar.gz is packed ('./' names), sorted, with replaced files.
+
+    Hard links stay hard links, except where either name is replaced: the edit in place
+    breaks such a link too, so the replaced file is packed as a file of its own.
+    """
     entries = []
-    for dirpath, dirnames, filenames in os.walk(tree):  # symlinked directories not entered
+    # Symlinked directories are not entered.
+    for dirpath, dirnames, filenames in os.walk(tree, onerror=walk_error):
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, tree)
         entries.append(rel_dir)
@@ -292,28 +426,28 @@ def write_tree_tarball(
         entries.extend(
             os.path.normpath(os.path.join(rel_dir, name)) for name in sorted(filenames + links)
         )
-    stream = gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) if compress else out
-    try:
-        with tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as dst:
-            for rel in entries:
-                full = tree / rel
-                info = dst.gettarinfo(str(full), "." if rel == "." else "./" + rel)
-                info.uid = info.gid = 0
-                info.uname = info.gname = "root"
-                if info.isreg():
-                    if rel in replace:
-                        info.size = len(replace[rel])
-                        dst.addfile(info, io.BytesIO(replace[rel]))
-                    else:
-                        with open(full, "rb") as handle:
-                            dst.addfile(info, handle)
-                elif info.isdir() or info.issym():
-                    dst.addfile(info)
+    with compressed(out, compression) as stream, tarfile.open(
+        fileobj=stream, mode="w", format=tarfile.GNU_FORMAT
+    ) as dst:
+        for rel in entries:
+            full = tree / rel
+            info = dst.gettarinfo(str(full), "." if rel == "." else "./" + rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if info.islnk() and (rel in replace or info.linkname[2:] in replace):
+                info.type, info.linkname = tarfile.REGTYPE, ""
+                info.size = os.lstat(full).st_size
+            if info.isreg():
+                if rel in replace:
+                    info.size = len(replace[rel])
+                    dst.addfile(info, io.BytesIO(replace[rel]))
                 else:
-                    raise Error(f"refusing to pack {full}: not a file, directory or symlink")
-    finally:
-        if compress:
-            stream.close()
+                    with open(full, "rb") as handle:
+                        dst.addfile(info, handle)
+            elif info.isdir() or info.issym() or info.islnk():
+                dst.addfile(info)
+            else:
+                raise Error(f"refusing to pack {full}: not a file, directory or symlink")
 
 
 def lstat_kind(path: Path) -> str:
