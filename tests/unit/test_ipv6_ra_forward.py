@@ -1,7 +1,9 @@
 """Unit tests for ipv6-ra-forward: names, the drop-in, status, enable/disable order, owners."""
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ from debadmin.errors import Error
 from debadmin.tools import ipv6_ra_forward as raf
 from debadmin.tools import ipv6_ra_forward_owner as owners
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "ipv6-ra-forward"
+SRC = Path(__file__).resolve().parents[2]
+DATA = SRC / "tests" / "data" / "ipv6-ra-forward"
 
 
 class FixtureRoot(type(Path())):
@@ -192,17 +195,59 @@ def ip_fixtures():
     )
 
 
+def addr_link(name, *infos):
+    return {"ifname": name, "addr_info": [dict(family="inet6", **i) for i in infos]}
+
+
+# As bookworm's iproute2 6.1 prints them (no "protocol"), taken in a namespace: a SLAAC
+# address from radvd, and one added by 'ip -6 addr add ... valid_lft 3600'.
+SLAAC = dict(local="2001:db8:1::5", prefixlen=64, scope="global", dynamic=True, mngtmpaddr=True)
+LIFETIME = dict(local="2001:db8:99::9", prefixlen=128, scope="global", dynamic=True)
+LINK_LOCAL = dict(local="fe80::1", prefixlen=64, scope="link")
+
+
 def test_ra_addresses_and_routes():
     addr, route = ip_fixtures()
-    assert raf.ra_addresses(addr) == {
-        "up0": ["2001:db8:1:0:acae:2aff:fed7:5d0c/64"],
-        "eth0.100": ["2001:db8:2::5/64"],
-    }
+    # A tagged dump (one address says "protocol"): only kernel_ra counts there.
+    assert raf.ra_addresses(addr) == {"eth0.100": ["2001:db8:2::5/64"]}
     routes = raf.ra_routes(route)
     assert routes["up0"] == [
         {"gateway": "fe80::9065:2fff:fe35:71d8", "metric": 1024, "expires": 1798}
     ]
     assert [r["gateway"] for r in routes["eth0.100"]] == ["fe80::1", "fe80::2"]
+
+
+def test_ra_addresses_need_more_than_a_lifetime():
+    untagged = [addr_link("up0", SLAAC, LINK_LOCAL), addr_link("lan0", LIFETIME, LINK_LOCAL)]
+    assert raf.ra_addresses(untagged) == {"up0": ["2001:db8:1::5/64"]}
+    temporary = dict(SLAAC, local="2001:db8:1::77", mngtmpaddr=False, temporary=True)
+    assert raf.ra_addresses([addr_link("up0", temporary)]) == {"up0": ["2001:db8:1::77/64"]}
+    # Linux >= 5.18 with a newer iproute2: the kernel's own tag decides.
+    tagged = [
+        addr_link(
+            "up0", dict(SLAAC, protocol="kernel_ra"), dict(LINK_LOCAL, protocol="kernel_ll")
+        ),
+        addr_link("lan0", dict(LIFETIME, mngtmpaddr=True)),
+    ]
+    assert raf.ra_addresses(tagged) == {"up0": ["2001:db8:1::5/64"]}
+
+
+@pytest.mark.parametrize(
+    "accept_ra,forwarding,accepted",
+    [(0, 0, False), (1, 0, True), (2, 0, True), (3, 0, True), (-1, 0, True)]
+    + [(0, 1, False), (1, 1, False), (2, 1, True), (3, 1, False), (-1, 1, False)],
+)
+def test_accepts_ra_as_the_kernel(accept_ra, forwarding, accepted):
+    # ipv6_accept_ra(): forwarding ? accept_ra == 2 : accept_ra != 0
+    assert raf.accepts_ra(accept_ra, forwarding) is accepted
+
+
+def test_status_odd_accept_ra_values(tmp_path):
+    root = make_root(tmp_path, {"up3": (1, 3), "upm": (0, -1)}, forwarding=1)
+    report = raf.collect_status(root, ["up3", "upm"], [], [], [], raf.Config(), None)
+    kinds = {p["interface"]: (p["kind"], p["message"]) for p in report["problems"]}
+    assert kinds["up3"][0] == "ra-ignored" and "accept_ra=3" in kinds["up3"][1]
+    assert "upm" not in kinds  # -1 without forwarding: the kernel accepts RAs
 
 
 def test_status_explains_the_problem(tmp_path):
@@ -289,6 +334,13 @@ def test_enable_order_persist_and_idempotence(host, capsys, monkeypatch):
     assert capsys.readouterr().out == "nothing to change\n" and order == []
 
 
+def test_lock_lives_where_only_root_writes(host):
+    # /run/lock is world-writable: a user could create the lock file there and hold it.
+    assert raf.main(["enable", "eth0"]) == 0
+    assert (host / "run/ipv6-ra-forward.lock").is_file()
+    assert not list((host / "run/lock").iterdir())
+
+
 def test_enable_dry_run_changes_nothing(host, capsys):
     assert raf.main(["enable", "--dry-run", "eth0"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -346,6 +398,90 @@ def test_disable_leaves_forwarding_it_found_on(host):
     assert sysctl(host, "all", "forwarding") == 1 and sysctl(host, "eth0", "accept_ra") == 1
 
 
+def test_disable_keeps_accept_ra_enable_found_at_2(host, capsys):
+    # ifupdown's inet6 auto had set 2, forwarding was on: enable changes nothing at runtime.
+    (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    (host / raf.CONF_DIR / "eth0/accept_ra").write_text("2\n")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert "# saved: eth0 accept_ra=2\n" in (host / raf.DROPIN).read_text()
+    assert raf.main(["disable", "eth0"]) == 0
+    assert "accept_ra=" not in capsys.readouterr().out
+    assert sysctl(host, "eth0", "accept_ra") == 2 and sysctl(host, "all", "forwarding") == 1
+    # A drop-in of the earlier version named eth0 with no saved line: 2 is left alone too.
+    (host / raf.DROPIN).write_text(raf.Persisted(["eth0"], True).render())
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 2 and not (host / raf.DROPIN).exists()
+
+
+def test_disable_removes_a_vanished_uplink(host, capsys):
+    assert raf.main(["enable", "eth0", "lan0"]) == 0
+    shutil.rmtree(host / raf.CONF_DIR / "lan0")  # the USB modem was unplugged
+    before = (host / raf.DROPIN).read_text()
+    assert raf.main(["disable", "--no-persist", "lan0"]) == 0
+    assert (host / raf.DROPIN).read_text() == before
+    capsys.readouterr()
+    assert raf.main(["disable", "lan0"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: restore accept_ra on lan0: the interface is not present\n" in out
+    state = raf.parse_dropin((host / raf.DROPIN).read_text())
+    assert state.uplinks == ["eth0"] and "lan0" not in state.saved_accept_ra
+    assert sysctl(host, "all", "forwarding") == 1 and sysctl(host, "eth0", "accept_ra") == 2
+    # Absent and not in the drop-in: still an unknown interface.
+    assert raf.main(["disable", "lan0"]) == 2
+    assert "no IPv6 interface lan0" in capsys.readouterr().err
+
+
+def test_disable_no_persist_restores_the_saved_values(host):
+    (host / raf.CONF_DIR / "eth0/accept_ra").write_text("0\n")
+    assert raf.main(["enable", "eth0"]) == 0
+    before = (host / raf.DROPIN).read_text()
+    assert raf.main(["disable", "--no-persist", "eth0"]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 0  # the saved value, not default's 1
+    assert sysctl(host, "all", "forwarding") == 0  # enable had turned it on
+    assert (host / raf.DROPIN).read_text() == before
+
+
+def failing_forwarding(monkeypatch):
+    """/proc/sys/net/ipv6/conf/all/forwarding refuses writes (a read-only /proc/sys)."""
+    real_write = raf.write_sysctl
+
+    def write(root, name, key, value):
+        if (name, key) == ("all", "forwarding"):
+            raise raf.Error(
+                f"cannot write {raf.sysctl_path(root, name, key)}: Read-only file system"
+            )
+        real_write(root, name, key, value)
+
+    monkeypatch.setattr(raf, "write_sysctl", write)
+
+
+def test_failed_enable_writes_nothing(host, capsys, monkeypatch):
+    failing_forwarding(monkeypatch)
+    assert raf.main(["enable", "eth0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Read-only file system" in err
+    assert not (host / raf.DROPIN).exists() and not list((host / "etc/sysctl.d").iterdir())
+    assert sysctl(host, "eth0", "accept_ra") == 1 and host.sent == []
+    # With a drop-in already there, it is put back byte for byte.
+    monkeypatch.undo()
+    monkeypatch.setattr(raf, "ROOT", host)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    assert raf.main(["enable", "--no-forwarding", "lan0"]) == 0
+    before = (host / raf.DROPIN).read_bytes()
+    failing_forwarding(monkeypatch)
+    assert raf.main(["enable", "eth0"]) == 2
+    assert (host / raf.DROPIN).read_bytes() == before
+    assert sysctl(host, "eth0", "accept_ra") == 1 and sysctl(host, "lan0", "accept_ra") == 2
+
+
+def test_failed_solicitation_is_reported_as_skipped(host, capsys, monkeypatch):
+    monkeypatch.setattr(raf, "solicit", lambda name: False)
+    assert raf.main(["enable", "eth0"]) == 0
+    out = capsys.readouterr().out
+    assert "done: send a router solicitation" not in out
+    assert "skipped: send a router solicitation on eth0: not sent" in out
+
+
 # --- who manages an interface ---------------------------------------------------------------
 
 
@@ -394,6 +530,115 @@ def test_owner_ifupdown(tmp_path):
     assert eth1.name == owners.IFUPDOWN and not raf.ifupdown_conflicts(eth1)
     assert owners.detect(root, "ghost0").name == owners.NOBODY  # skipped.cfg not read
     assert owners.detect(root, "eth9").name == owners.NOBODY
+
+
+IFUPDOWN_INET6 = """\
+iface auto0 inet6 auto
+iface autoone inet6 auto
+    accept_ra 1
+iface dhcp0 inet6 dhcp
+iface dhcptwo inet6 dhcp
+    accept_ra 2
+iface static0 inet6 static
+    address 2001:db8:5::1/64
+iface gw0 inet6 static
+    address 2001:db8:6::1/64
+    gateway 2001:db8:6::ff
+iface gwtwo inet6 static
+    address 2001:db8:7::1/64
+    gateway 2001:db8:7::ff
+    accept_ra 2
+iface man0 inet6 manual
+iface v4only inet dhcp
+"""
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("auto0", "2"),  # interfaces(5): auto, accept_ra default "2"
+        ("autoone", "1"),
+        ("dhcp0", "1"),  # dhcp, default "1"
+        ("dhcptwo", "2"),
+        ("static0", None),  # static: no default, nothing written
+        ("gw0", "0"),  # inet6.defn: gateway (if_set 0) =accept_ra?
+        ("gwtwo", "2"),
+        ("man0", None),
+        ("v4only", None),
+    ],
+)
+def test_ifupdown_defaults(tmp_path, name, value):
+    root = make_root(tmp_path, {name: (0, 1)})
+    (root / "etc/network").mkdir(parents=True)
+    (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
+    owner = owners.detect(root, name)
+    assert owner.name == owners.IFUPDOWN
+    assert raf.ifupdown_accept_ra(owner) == value
+    assert raf.ifupdown_conflicts(owner) is (value not in (None, "2"))
+
+
+def test_ifupdown_enable_and_status(tmp_path, monkeypatch, capsys):
+    root = make_root(
+        tmp_path, {n: (0, 1) for n in ("auto0", "dhcp0", "static0", "gw0")}, forwarding=0
+    )
+    (root / "etc/network").mkdir(parents=True)
+    (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
+    monkeypatch.setattr(raf, "ROOT", root)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    assert raf.main(["enable", "static0"]) == 0  # ifupdown writes no accept_ra there
+    assert "accept_ra 2" not in capsys.readouterr().out
+    assert raf.main(["enable", "dhcp0"]) == 1
+    assert "'iface dhcp0 inet6' stanza" in capsys.readouterr().out
+    report = raf.collect_status(root, ["dhcp0", "gw0"], [], [], [], raf.Config(), None)
+    messages = [p["message"] for p in report["problems"] if p["kind"] == "ifupdown"]
+    assert any(m.startswith("ifupdown sets accept_ra=1 on dhcp0 at ifup") for m in messages)
+    assert any(m.startswith("ifupdown sets accept_ra=0 on gw0 at ifup") for m in messages)
+
+
+def test_status_trusts_ifupdown_auto_to_set_2(tmp_path):
+    root = make_root(tmp_path, {"auto0": (1, 2), "eth9": (1, 2)}, forwarding=1)
+    (root / "etc/network").mkdir(parents=True)
+    (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
+    report = raf.collect_status(root, ["auto0", "eth9"], [], [], [], raf.Config(), None)
+    assert [(p["interface"], p["kind"]) for p in report["problems"]] == [("eth9", "not-persisted")]
+
+
+def test_networkd_dropins_in_systemd_order(tmp_path):
+    root = make_root(tmp_path, {"enp1s0": (0, 0)}, fixture="networkd")
+    network = root / "etc/systemd/network/10-uplink.network"
+    etc = root / "etc/systemd/network/10-uplink.network.d"
+    usr = root / "usr/lib/systemd/network/10-uplink.network.d"
+    etc.mkdir()
+    usr.mkdir(parents=True)
+    # Sorted by name across directories: 50-yes.conf, then 90-no.conf; the last wins.
+    (usr / "50-yes.conf").write_text("[Network]\nIPv6AcceptRA=yes\n")
+    (etc / "90-no.conf").write_text("[Network]\nIPv6AcceptRA=no\n")
+    assert not owners.networkd_accepts_ra(root, network)
+    (etc / "90-no.conf").unlink()
+    assert owners.networkd_accepts_ra(root, network)
+    # /etc masks the file of the same name in /usr/lib.
+    (etc / "50-yes.conf").write_text("[Network]\nDHCP=no\n")
+    assert not owners.networkd_accepts_ra(root, network)
+
+
+def test_networkd_link_without_network_file(tmp_path):
+    root = make_root(tmp_path, fixture="networkd-state")
+    links = root / "run/systemd/netif/links/7"
+    links.write_text("ADMIN_STATE=pending\nOPER_STATE=carrier\n")
+    owner = owners.detect(root, "eth0")
+    assert owner.name == owners.NETWORKD and owner.source.endswith("links/7")
+    text = raf.snippet(owner, "eth0")
+    assert "/etc/systemd/network/50-eth0.network," in text
+    assert "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=yes\n" in text
+    assert ".network.d/" not in text
+    # A .network file that matches: its drop-in directory is the one to use.
+    (root / "etc/systemd/network").mkdir(parents=True)
+    (root / "etc/systemd/network/30-wan.network").write_text("[Match]\nName=eth*\n")
+    owner = owners.detect(root, "eth0")
+    assert owner.source.endswith("etc/systemd/network/30-wan.network")
+    assert "/etc/systemd/network/30-wan.network.d/ipv6-ra-forward.conf" in raf.snippet(
+        owner, "eth0"
+    )
 
 
 def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
@@ -472,6 +717,63 @@ def test_configure_new(host, capsys):
     assert host.sent == ["lan0"] and sysctl(host, "eth0", "accept_ra") == 2
     (host / "sys/class/net/eth0/flags").write_text("0x1003\n")  # up
     assert raf.link_is_up(host, "eth0") and raf.link_is_up(host, "nosuch0")
+
+
+class SignalingMonitor:
+    """Stands in for pyudev's netlink monitor (no uevents here): each poll() runs the next
+    scripted action, which sends the daemon a signal as systemctl reload and stop do."""
+
+    def __init__(self, actions):
+        self.actions = list(actions)
+
+    def filter_by(self, subsystem):
+        assert subsystem == "net"
+
+    def start(self):
+        pass
+
+    def poll(self, timeout=None):
+        if self.actions:
+            self.actions.pop(0)()
+        return None
+
+
+def test_watch_reloads_on_sighup(host, capsys, caplog, monkeypatch):
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\nFORWARDING=no\n')
+
+    def edit_and_hup():
+        conf.write_text('UPLINKS="eth0 lan*"\nFORWARDING=no\n')
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    def break_and_hup():
+        conf.write_text("UPLINKS='$(reboot)'\n")
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    monitor = SignalingMonitor(
+        [edit_and_hup, lambda: None, break_and_hup, lambda: None]
+        + [lambda: os.kill(os.getpid(), signal.SIGTERM)]
+    )
+    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
+    monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        assert raf.main(["watch", "--config", str(conf)]) == 0
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    assert "reloaded: watching for eth0 lan*" in capsys.readouterr().out
+    assert sysctl(host, "lan0", "accept_ra") == 2 and sysctl(host, "all", "forwarding") == 0
+    assert "reload failed, still watching for eth0 lan*" in caplog.text
+    assert not monitor.actions  # ran to the SIGTERM, not ended by a SIGHUP
+
+
+def test_unit_stops_restarting_on_exit_2():
+    unit = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward.service").read_text()
+    assert "RestartPreventExitStatus=2\n" in unit
+    assert "ExecReload=/bin/kill -HUP $MAINPID\n" in unit
+    # Bookworm's debhelper installs units in /lib/systemd/system, trixie's in /usr/lib.
+    assert "/systemd/system/" not in (SRC / "man/ipv6-ra-forward.8").read_text()
 
 
 def test_udev_source(tmp_path):

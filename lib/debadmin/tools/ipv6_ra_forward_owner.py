@@ -151,14 +151,14 @@ def networkd_state(root: Path, index: Optional[int]) -> Optional[Dict[str, str]]
 
 
 def networkd_accepts_ra(root: Path, path: Path) -> bool:
-    """Whether a .network file or its drop-ins say IPv6AcceptRA=yes explicitly."""
-    files = [path]
-    for base in NETWORKD_DIRS:
-        directory = root / base / (path.name + ".d")
-        try:
-            files.extend(sorted(p for p in directory.iterdir() if p.name.endswith(".conf")))
-        except OSError:
-            continue
+    """Whether a .network file or its drop-ins say IPv6AcceptRA=yes explicitly.
+
+    Drop-ins are read as systemd reads them: NAME.network.d/*.conf from every search
+    directory, sorted by file name across all of them, a file in an earlier directory
+    (/etc) masking the same name in later ones (/usr/lib); the last assignment wins.
+    """
+    dropin_dirs = [f"{base}/{path.name}.d" for base in NETWORKD_DIRS]
+    files = [path, *sysconf.dropin_files(root, dropin_dirs, ".conf")]
     value = None
     for file in files:
         parser = _ini(_read(file) or "")
@@ -263,8 +263,10 @@ def detect(root: Path, ifname: str) -> Owner:
     index = ifindex(root, ifname)
     state = networkd_state(root, index)
     if state and state.get("ADMIN_STATE", "unmanaged") != "unmanaged":
-        source = state.get("NETWORK_FILE") or str(root / "run/systemd/netif/links" / str(index))
-        return Owner(NETWORKD, source)
+        # A link still pending has no NETWORK_FILE yet: name the .network file that
+        # matches it, so that a drop-in for it is one that applies.
+        source = state.get("NETWORK_FILE") or networkd_file_for(root, ifname)
+        return Owner(NETWORKD, str(source or root / "run/systemd/netif/links" / str(index)))
     managed = nm_device_managed(root, index)
     if managed:
         conn = nm_connection_for(root, ifname)
