@@ -36,7 +36,10 @@ BASE_INCLUDE = ("fakeroot", "debhelper")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
 CONFIG_END = "# END sbuild-fast"
 MODES = ("unshare", "schroot")
-MAX_AGE_DAYS = 7  # sbuild >= 0.87 re-creates unshare chroots older than a week
+MAX_AGE_DAYS = 7  # the weekly refresh keeps chroots younger than this
+# Warn this long before sbuild >= 0.87 would re-create a tarball: the weekly timer's
+# random delay (and a user session that is not running) can stretch the gap past a week.
+AGE_MARGIN = 86400
 ZSTD_STALL_LEVEL = 10
 DIST_RE = re.compile(r"^[a-z0-9][a-z0-9.+]{0,39}$")
 ARCH_RE = re.compile(r"^[a-z0-9]{1,20}$")
@@ -134,49 +137,130 @@ def host_arch() -> str:
     return proc.run(["dpkg", "--print-architecture"]).stdout.strip()
 
 
-def host_mirror(root: Path = Path("/")) -> str:
-    """The Debian archive the host's apt uses (not the security archive)."""
-    candidates: List[str] = []
-    sources_dir = root / "etc/apt/sources.list.d"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# Keyrings of the Debian archive (bookworm ships .gpg, trixie .pgp files).
+DEBIAN_KEYRING_RE = re.compile(
+    r"^/(usr/share/keyrings|etc/apt/trusted\.gpg\.d)/debian-archive-[A-Za-z0-9._-]+$"
+)
+
+
+def release_names(path: Path) -> set:
+    """Suite and Codename of an apt lists Release or InRelease file (they come first)."""
+    names = set()
     try:
-        deb822 = sorted(p for p in sources_dir.iterdir() if p.name.endswith(".sources"))
-    except OSError:
-        deb822 = []
-    for path in deb822:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        for stanza in re.split(r"\n\s*\n", text):
-            fields: Dict[str, str] = {}
-            for line in stanza.splitlines():
-                if line.startswith("#") or ":" not in line or line[0].isspace():
-                    continue
-                key, _, value = line.partition(":")
-                fields[key.strip().lower()] = value.strip()
-            if "deb" not in fields.get("types", "").split():
-                continue
-            if fields.get("enabled", "yes").lower() == "no":
-                continue
-            candidates.extend(fields.get("uris", "").split())
-    lists = [root / "etc/apt/sources.list"]
-    try:
-        lists += sorted(p for p in sources_dir.iterdir() if p.name.endswith(".list"))
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            in_header = False
+            for number, line in enumerate(handle):
+                if number > 100 or len(names) == 2:
+                    break
+                if line.startswith("-----BEGIN PGP SIGNED MESSAGE"):
+                    in_header = True  # Hash: lines up to the first blank line
+                elif in_header:
+                    in_header = bool(line.strip())
+                else:
+                    key, _, value = line.partition(":")
+                    if key in ("Suite", "Codename") and value.strip():
+                        names.add(value.strip())
     except OSError:
         pass
-    for path in lists:
+    return names
+
+
+def suite_aliases(dist: str, root: Path = Path("/")) -> set:
+    """dist and the other name of the same suite (codename or suite name, as in
+    'bookworm' and 'stable'), from the Release files apt downloaded."""
+    names = {dist}
+    with contextlib.suppress(OSError):
+        for path in sorted((root / "var/lib/apt/lists").glob("*Release")):
+            pair = release_names(path)
+            if dist in pair:
+                names |= pair
+    return names
+
+
+def _debian_source(
+    uri: str, suites: Sequence[str], components: Sequence[str], signed_by: str, names: set
+) -> bool:
+    """Whether a deb source is the Debian archive for one of names (or its -updates): not
+    security, backports or a third-party repository that serves the same suite name."""
+    if not URL_RE.match(uri) or "main" not in components:
+        return False
+    if signed_by and not all(
+        DEBIAN_KEYRING_RE.match(k) for k in signed_by.replace(",", " ").split()
+    ):
+        return False
+    return any(s.rstrip("/") in names or s in {f"{n}-updates" for n in names} for s in suites)
+
+
+def _deb822_sources(text: str) -> Iterator[Tuple[str, List[str], List[str], str]]:
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: Dict[str, str] = {}
+        key = ""
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1].isspace():
+                if key:  # a continuation line (an inline Signed-By key block)
+                    fields[key] += "\n" + line.strip()
+                continue
+            if ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            fields[key] = value.strip()
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        for uri in fields.get("uris", "").split():
+            yield (
+                uri,
+                fields.get("suites", "").split(),
+                fields.get("components", "").split(),
+                fields.get("signed-by", ""),
+            )
+
+
+def _one_line_sources(text: str) -> Iterator[Tuple[str, List[str], List[str], str]]:
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        options = " ".join(re.findall(r"\[([^]]*)\]", line))
+        words = re.sub(r"\[[^]]*\]", " ", line).split()
+        if len(words) < 3 or words[0] != "deb":
+            continue
+        signed_by = ""
+        for option in options.split():
+            key, _, value = option.partition("=")
+            if key == "signed-by":
+                signed_by = value
+        yield words[1], [words[2]], words[3:], signed_by
+
+
+def host_mirror(dist: Optional[str] = None, root: Path = Path("/")) -> str:
+    """The Debian archive the host's apt uses for dist (default: the host's release):
+    the first deb source, in apt's order, whose suite is dist or dist-updates (or the
+    same suite under its other name), with component main and no keyring but Debian's;
+    else deb.debian.org."""
+    if dist is None:
+        try:
+            dist = host_codename(root)
+        except Error:
+            return DEFAULT_MIRROR
+    names = suite_aliases(dist, root)
+    sources_dir = root / "etc/apt/sources.list.d"
+    paths = [root / "etc/apt/sources.list"]
+    with contextlib.suppress(OSError):
+        paths += sorted(p for p in sources_dir.iterdir() if p.name.endswith((".list", ".sources")))
+    for path in paths:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        for line in text.splitlines():
-            words = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
-            if len(words) >= 3 and words[0] == "deb":
-                candidates.append(words[1])
-    for uri in candidates:
-        if "security" not in uri and URL_RE.match(uri):
-            return uri.rstrip("/")
-    return "http://deb.debian.org/debian"
+        parse = _deb822_sources if path.name.endswith(".sources") else _one_line_sources
+        for uri, suites, components, signed_by in parse(text):
+            if _debian_source(uri, suites, components, signed_by, names):
+                return uri.rstrip("/")
+    return DEFAULT_MIRROR
 
 
 def chroot_name(dist: str, arch: str) -> str:
@@ -376,21 +460,73 @@ def remove_stale_scratch(parent: Path) -> None:
 # --- state (what sbuild-fast made) -------------------------------------------------------
 
 
+# The fields of a record and their types: a record is input like any other, and one
+# that does not fit is skipped with a warning rather than trusted.
+STATE_FIELDS = {
+    "name": str,
+    "dist": str,
+    "arch": str,
+    "mode": str,
+    "path": str,
+    "created": int,
+    "mirror": str,
+    "include": list,
+    "keep_docs": bool,
+    "eatmydata": bool,
+    "version": str,
+}
+STATE_REQUIRED = ("name", "dist", "arch", "mode", "path")
+
+
+def state_problem(state: object) -> Optional[str]:
+    """Why a parsed record cannot be used, or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    for key in STATE_REQUIRED:
+        if key not in state:
+            return f"no {key!r}"
+    for key, kind in STATE_FIELDS.items():
+        value = state.get(key)
+        if key in STATE_REQUIRED or value is not None:
+            # bool is an int in Python: "created": true is as wrong as "yesterday"
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                return f"{key!r} is not {'a' if kind is not int else 'an'} {kind.__name__}"
+    if not DIST_RE.match(state["dist"]) or not ARCH_RE.match(state["arch"]):
+        return "invalid dist or arch"
+    if state["mode"] not in MODES:
+        return f"unknown mode {state['mode']!r}"
+    if state["name"] != chroot_name(state["dist"], state["arch"]):
+        return f"name {state['name']!r} does not match dist and arch"
+    if not all(isinstance(p, str) for p in state.get("include") or []):
+        return "'include' is not a list of package names"
+    return None
+
+
+def load_state(path: Path) -> Optional[Dict]:
+    """The record in path, or None (with a one-line warning) when it is unreadable or
+    malformed."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("ignoring unreadable state file %s", path)
+        return None
+    problem = state_problem(state)
+    if not problem and path.name != f"{state['name']}.json":
+        problem = f"its name is {state['name']!r}"  # remove and update look for NAME.json
+    if problem:
+        log.warning("ignoring malformed state file %s: %s", path, problem)
+        return None
+    return state
+
+
 def read_states(state_dir: Path) -> List[Dict]:
-    states = []
     try:
         paths = sorted(state_dir.glob("*.json"))
     except OSError:
         return []
-    for path in paths:
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            log.warning("ignoring unreadable state file %s", path)
-            continue
-        if isinstance(state, dict) and {"dist", "arch", "mode"} <= state.keys():
-            states.append(state)
-    return states
+    return [state for state in map(load_state, paths) if state is not None]
 
 
 def write_state(state_dir: Path, state: Dict) -> None:
@@ -401,7 +537,7 @@ def write_state(state_dir: Path, state: Dict) -> None:
 def recipe_from(args: argparse.Namespace, root: Path = Path("/")) -> Dict:
     dist = validate_dist(args.dist or host_codename(root))
     arch = validate_arch(args.arch or host_arch())
-    mirror = validate_mirror(args.mirror or host_mirror(root))
+    mirror = validate_mirror(args.mirror or host_mirror(dist, root))
     return {
         "name": chroot_name(dist, arch),
         "dist": dist,
@@ -476,33 +612,66 @@ def merge_config(text: str, block: str) -> str:
     return text + block
 
 
-def effective_sbuild_config() -> Dict[str, str]:
+SBUILD_CONFIG_KEYS = (
+    "CHROOT_MODE",
+    "UNSHARE_TMPDIR_TEMPLATE",
+    "APT_UPDATE",
+    "APT_DISTUPGRADE",
+    "APT_UPGRADE",
+    "PURGE_BUILD_DEPS",
+    "RUN_LINTIAN",
+    "BUILD_DIR",
+)
+# sbuild 0.87 and later only: asking an older sbuild for them is pointless.
+SBUILD_AUTO_CREATE_KEYS = (
+    "UNSHARE_MMDEBSTRAP_AUTO_CREATE",
+    "UNSHARE_MMDEBSTRAP_MAX_AGE",
+    "UNSHARE_MMDEBSTRAP_KEEP_TARBALL",
+)
+
+
+def sbuild_config_keys(sbuild_ver: Optional[str]) -> Tuple[str, ...]:
+    if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
+        return SBUILD_CONFIG_KEYS + SBUILD_AUTO_CREATE_KEYS
+    return SBUILD_CONFIG_KEYS
+
+
+def effective_sbuild_config(sbuild_ver: Optional[str] = None) -> Dict[str, str]:
     """sbuild's own view of its configuration (system file plus ~/.sbuildrc)."""
-    keys = (
-        "CHROOT_MODE",
-        "UNSHARE_TMPDIR_TEMPLATE",
-        "APT_UPDATE",
-        "APT_DISTUPGRADE",
-        "APT_UPGRADE",
-        "PURGE_BUILD_DEPS",
-        "RUN_LINTIAN",
-        "BUILD_DIR",
-    )
     script = (
         "my $c = Sbuild::Conf::new(); for my $k (@ARGV) { my $v = eval { $c->get($k) };"
         " $v = '' unless defined $v; print \"$k=$v\\n\" }"
     )
+    keys = sbuild_config_keys(sbuild_ver)
     result = proc.run(["perl", "-MSbuild::Conf", "-e", script, *keys], check=False)
     if result.returncode != 0:
+        lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
         raise Error(
-            "cannot read sbuild's configuration: "
-            + (result.stderr.strip().splitlines() or ["perl failed"])[-1]
+            "sbuild cannot read its configuration: " + " ".join(lines[-2:] or ["perl failed"])
         )
     config = {}
     for line in result.stdout.splitlines():
         key, _, value = line.partition("=")
         config[key.lower()] = value
     return config
+
+
+def auto_create_max_age(config: Dict[str, str], sbuild_ver: Optional[str]) -> Optional[int]:
+    """The age in seconds at which sbuild re-creates an unshare tarball behind the user's
+    back (sbuild >= 0.87 with $unshare_mmdebstrap_auto_create on and a max_age that is not
+    negative), or None when it never does."""
+    if not sbuild_ver or not debver.at_least(sbuild_ver, "0.87"):
+        return None
+    if "unshare_mmdebstrap_auto_create" not in config:  # sbuild could not tell
+        return None
+    auto_create = config["unshare_mmdebstrap_auto_create"].strip()
+    if auto_create in ("", "0"):  # Perl's false ('' is also what an undef prints)
+        return None
+    try:
+        max_age = int(float(config.get("unshare_mmdebstrap_max_age", "604800") or 604800))
+    except ValueError:
+        max_age = 604800
+    return max_age if max_age >= 0 else None
 
 
 # --- create / update ---------------------------------------------------------------------
@@ -518,9 +687,17 @@ def chroot_argv(recipe: Dict, source: Optional[Path], output: str, mode: str) ->
     return mmdebstrap_refresh_argv(recipe, str(source), output, mode)
 
 
-def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool, refresh: bool = False) -> Dict:
+def create_unshare(
+    recipe: Dict,
+    cache_dir: Path,
+    dry_run: bool,
+    refresh: bool = False,
+    from_record: bool = False,
+    mirror: Optional[str] = None,
+) -> Dict:
     """Build the tarball (refresh: from the current one with apt update + dist-upgrade,
-    when there is one) and rename it into place under the lock."""
+    when there is one) and rename it into place under the lock. from_record: the recipe
+    is read again from the record under the lock (mirror overriding its mirror)."""
     name = recipe["name"]
     target = cache_dir / f"{name}.tar"
     state_dir = cache_dir / STATE_SUBDIR
@@ -548,6 +725,10 @@ def create_unshare(recipe: Dict, cache_dir: Path, dry_run: bool, refresh: bool =
         except OSError as exc:
             raise Error(f"cannot create {directory}: {exc.strerror}") from None
     with fsutil.locked(state_dir / "lock"):
+        if from_record:
+            recipe = reread_recipe(state_dir, recipe, mirror)
+            if recipe is None:
+                return {"name": name, "path": str(target), "changed": False, "removed": True}
         remove_stale_scratch(state_dir)
         with scratch_dir(state_dir) as scratch:
             output = scratch / target.name
@@ -588,26 +769,55 @@ def schroot_conf(recipe: Dict, directory: Path, aliases: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def schroot_names_in_use(root: Path, own_conf: Path) -> set:
-    names = set()
+def schroot_names(root: Path = Path("/"), skip: Optional[Path] = None) -> Dict[str, str]:
+    """Every schroot chroot name and alias, mapped to the chroot it names (files in
+    chroot.d in schroot's order, skip left out)."""
+    names: Dict[str, str] = {}
     conf_dir = root / SCHROOT_CONF_DIR
     files = [root / "etc/schroot/schroot.conf"]
     with contextlib.suppress(OSError):
-        files += sorted(conf_dir.iterdir())
+        # schroot reads only names run-parts would run (no .dpkg-old, no backup~)
+        files += sorted(p for p in conf_dir.iterdir() if re.match(r"^[A-Za-z0-9_-]+$", p.name))
     for path in files:
-        if path == own_conf:
+        if path == skip:
             continue
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        section = None
         for line in text.splitlines():
             line = line.strip()
             if line.startswith("[") and line.endswith("]"):
-                names.add(line[1:-1])
-            elif line.startswith("aliases="):
-                names.update(a.strip() for a in line[8:].split(",") if a.strip())
+                section = line[1:-1]
+                names.setdefault(section, section)
+            elif line.startswith("aliases=") and section:
+                for alias in line[8:].split(","):
+                    if alias.strip():
+                        names.setdefault(alias.strip(), section)
     return names
+
+
+def schroot_lookup(dist: str, arch: str, names: Dict[str, str]) -> Optional[Tuple[str, str]]:
+    """(name, chroot) that 'sbuild -d DIST' takes in schroot mode for a native build:
+    Sbuild::ChrootInfo::find tries DIST-ARCH-sbuild, DIST-sbuild, DIST-ARCH, DIST."""
+    for candidate in (f"{dist}-{arch}-sbuild", f"{dist}-sbuild", f"{dist}-{arch}", dist):
+        if candidate in names:
+            return candidate, names[candidate]
+    return None
+
+
+def schroot_shadow_message(recipe: Dict, winner: Optional[Tuple[str, str]]) -> Optional[str]:
+    """What to tell when 'sbuild -d DIST' would not build in sbuild-fast's schroot chroot."""
+    ours = f"{recipe['name']}-sbuild-fast"
+    if winner is not None and winner[1] == ours:
+        return None
+    taken = f"schroot chroot {winner[1]} (as {winner[0]})" if winner else "no schroot chroot"
+    return (
+        f"'sbuild -d {recipe['dist']}' uses {taken}, not {ours}: build with "
+        f"'sbuild -c {ours}', or remove that chroot and run 'sbuild-fast create --mode "
+        f"schroot --dist {recipe['dist']}' again"
+    )
 
 
 def current_generation(link: Path) -> Optional[Path]:
@@ -620,7 +830,12 @@ def current_generation(link: Path) -> Optional[Path]:
 
 
 def create_schroot(
-    recipe: Dict, dry_run: bool, root: Path = Path("/"), refresh: bool = False
+    recipe: Dict,
+    dry_run: bool,
+    root: Path = Path("/"),
+    refresh: bool = False,
+    from_record: bool = False,
+    mirror: Optional[str] = None,
 ) -> Dict:
     if os.geteuid() != 0 and not dry_run:
         raise Error("--mode schroot needs root")
@@ -629,8 +844,14 @@ def create_schroot(
     link = base / name
     conf = root / SCHROOT_CONF_DIR / f"sbuild-fast-{name}"
     state_dir = root / SCHROOT_STATE_DIR
-    in_use = schroot_names_in_use(root, conf)
+    in_use = schroot_names(root, skip=conf)
     aliases = [a for a in (f"{name}-sbuild", f"{recipe['dist']}-sbuild") if a not in in_use]
+    mine = {a: f"{name}-sbuild-fast" for a in aliases}
+    shadow = schroot_shadow_message(
+        recipe, schroot_lookup(recipe["dist"], recipe["arch"], {**in_use, **mine})
+    )
+    if shadow:
+        log.warning("%s", shadow)
     source = current_generation(link) if refresh else None
     argv = chroot_argv(recipe, source, str(base / "tmp.XXXXXXXXXX/tree"), "root")
     if dry_run:
@@ -647,6 +868,10 @@ def create_schroot(
         except OSError as exc:
             raise Error(f"cannot create {directory}: {exc.strerror}") from None
     with fsutil.locked(base / "lock"):
+        if from_record:
+            recipe = reread_recipe(state_dir, recipe, mirror)
+            if recipe is None:
+                return {"name": name, "path": str(link), "changed": False, "removed": True}
         remove_stale_scratch(base)
         generation = base / "gen" / f"{name}.{time.strftime('%Y%m%dT%H%M%S')}"
         with scratch_dir(base) as scratch:
@@ -684,15 +909,36 @@ def prune_generations(base: Path, name: str, keep: set) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def reread_recipe(state_dir: Path, recipe: Dict, mirror: Optional[str]) -> Optional[Dict]:
+    """The recipe from the chroot's record as it is now (the caller holds the lock): a
+    create that ran since update read the records may have changed it, and update must
+    not undo that. None when the record has gone (removed meanwhile)."""
+    state = load_state(state_dir / f"{recipe['name']}.json")
+    if state is None or state["mode"] != recipe["mode"]:
+        return None
+    return recipe_from_state(state, mirror)
+
+
 def build_chroot(
-    recipe: Dict, dry_run: bool, would: str, done: str, refresh: bool = False
+    recipe: Dict,
+    dry_run: bool,
+    would: str,
+    done: str,
+    refresh: bool = False,
+    from_record: bool = False,
+    mirror: Optional[str] = None,
 ) -> None:
     """Build the chroot recipe describes in its mode (or say what would be run); refresh
-    starts from the current chroot instead of the archive alone."""
+    starts from the current chroot instead of the archive alone; from_record (update)
+    takes the recipe from the record again once the lock is held."""
+    options = {"refresh": refresh, "from_record": from_record, "mirror": mirror}
     if recipe["mode"] == "schroot":
-        result = create_schroot(recipe, dry_run, refresh=refresh)
+        result = create_schroot(recipe, dry_run, **options)
     else:
-        result = create_unshare(recipe, user_cache_dir(), dry_run, refresh=refresh)
+        result = create_unshare(recipe, user_cache_dir(), dry_run, **options)
+    if result.get("removed"):
+        print(f"{result['name']} was removed meanwhile: left alone")
+        return
     if dry_run:
         print("would run: " + " ".join(result["command"]))
         print(f"would {would} {result['path']}")
@@ -704,6 +950,16 @@ def cmd_create(args: argparse.Namespace) -> int:
     recipe = recipe_from(args)
     build_chroot(recipe, args.dry_run, "write", "created")
     return configure(recipe["mode"], args.configure, args.dry_run)
+
+
+# sbuild reads the configuration of the user who runs it, and schroot chroots are
+# built by root for the members of the sbuild group.
+SCHROOT_BUILDERS_NOTE = (
+    "note: sbuild reads the configuration of the user who runs it: each builder in the "
+    "sbuild group needs this block in their own ~/.sbuildrc (or "
+    "~/.config/sbuild/config.pl), or at least 'sbuild --chroot-mode=schroot' (the default "
+    "mode of sbuild 0.87 and later is unshare)"
+)
 
 
 def configure(mode: str, write: bool, dry_run: bool) -> int:
@@ -719,8 +975,7 @@ def configure(mode: str, write: bool, dry_run: bool) -> int:
     merged = merge_config(current, block)
     if merged == current:
         print(f"{rc_path} already has the sbuild-fast settings")
-        return EXIT_OK
-    if write and not dry_run:
+    elif write and not dry_run:
         # A ~/.sbuildrc kept in a dotfiles repository stays a symlink, its mode kept.
         fsutil.atomic_write(rc_path, merged, follow_symlinks=True)
         print(f"wrote the sbuild-fast settings to {rc_path}")
@@ -730,6 +985,8 @@ def configure(mode: str, write: bool, dry_run: bool) -> int:
     else:
         print(f"sbuild settings for fast builds (add to {rc_path}, or rerun with --configure):")
         print(block, end="")
+    if mode == "schroot":
+        print(SCHROOT_BUILDERS_NOTE)
     return EXIT_OK
 
 
@@ -744,7 +1001,7 @@ def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
         "name": chroot_name(dist, arch),
         "dist": dist,
         "arch": arch,
-        "mirror": validate_mirror(mirror or str(state.get("mirror") or host_mirror())),
+        "mirror": validate_mirror(mirror or str(state.get("mirror") or host_mirror(dist))),
         "include": parse_include([str(p) for p in include]),
         "keep_docs": bool(state.get("keep_docs", False)),
         "eatmydata": bool(state.get("eatmydata", True)),
@@ -771,12 +1028,20 @@ def cmd_update(args: argparse.Namespace) -> int:
     for state in states:
         try:
             recipe = recipe_from_state(state, args.mirror)
-            build_chroot(recipe, args.dry_run, "replace", "updated", refresh=not args.recreate)
+            build_chroot(
+                recipe,
+                args.dry_run,
+                "replace",
+                "updated",
+                refresh=not args.recreate,
+                from_record=True,
+                mirror=args.mirror,
+            )
         except Error as exc:
             if len(states) == 1:
                 raise
-            print(f"sbuild-fast: error: {state.get('name', state['dist'])}: {exc}", file=sys.stderr)
-            failed.append(state.get("name", state["dist"]))
+            print(f"sbuild-fast: error: {state['name']}: {exc}", file=sys.stderr)
+            failed.append(state["name"])
     if failed:
         raise Error(f"not updated: {', '.join(failed)}")
     return EXIT_OK
@@ -792,17 +1057,24 @@ def all_states() -> List[Dict]:
 
 
 def describe(state: Dict, now: Optional[float] = None) -> Dict:
+    """A record as list and doctor show it. The age of a tarball is that of its file, as
+    sbuild 0.87 and later see it; a directory chroot's is that of its record."""
     now = time.time() if now is None else now
-    path = Path(state.get("path", ""))
+    path = Path(state["path"])
+    created = int(state.get("created") or 0)
+    modified = None
     try:
         real = path.resolve()
-        size = real.stat().st_size if real.is_file() else None
-        present = real.exists()
+        info = real.stat()
+        present = True
+        size = info.st_size if real.is_file() else None
+        if real.is_file():
+            modified = int(info.st_mtime)
     except OSError:
         size, present = None, False
-    created = int(state.get("created", 0))
+    since = modified if modified is not None else created
     return {
-        "name": state.get("name"),
+        "name": state["name"],
         "dist": state["dist"],
         "arch": state["arch"],
         "mode": state["mode"],
@@ -810,9 +1082,10 @@ def describe(state: Dict, now: Optional[float] = None) -> Dict:
         "present": present,
         "size_bytes": size,
         "created": created,
-        "age_days": round((now - created) / 86400, 1),
+        "modified": modified,
+        "age_days": round((now - since) / 86400, 1),
         "mirror": state.get("mirror"),
-        "include": state.get("include", []),
+        "include": state.get("include") or [],
         "keep_docs": state.get("keep_docs", False),
         "eatmydata": state.get("eatmydata", True),
     }
@@ -914,18 +1187,58 @@ def btrfs_property_compression(path: Path) -> Optional[str]:
     return match.group(1) if match else None
 
 
-def read_subids(path: Path, user: str, uid: int) -> int:
-    """How many subordinate ids path grants user (by name or uid)."""
+SUBID_COUNT = 65536
+SUBID_MIN = 100000  # shadow's default SUB_UID_MIN / SUB_GID_MIN
+
+
+def subid_ranges(path: Path) -> List[Tuple[str, int, int]]:
+    """The (owner, first id, count) lines of an /etc/subuid or /etc/subgid file."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return 0
-    total = 0
+        return []
+    ranges = []
     for line in text.splitlines():
         fields = line.strip().split(":")
-        if len(fields) == 3 and fields[0] in (user, str(uid)) and fields[2].isdigit():
-            total += int(fields[2])
-    return total
+        if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+            ranges.append((fields[0], int(fields[1]), int(fields[2])))
+    return ranges
+
+
+def user_subids(path: Path, user: str) -> Optional[Tuple[int, int]]:
+    """(first id, count) that sbuild's unshare mode takes for user: the first line whose
+    owner is the user's name (Sbuild::Utility::read_subuid_subgid; a line for the numeric
+    uid or a second line for the name is never read)."""
+    for owner, start, count in subid_ranges(path):
+        if owner == user:
+            return start, count
+    return None
+
+
+def read_subids(path: Path, user: str) -> int:
+    """How many subordinate ids sbuild's unshare mode gets for user from path."""
+    entry = user_subids(path, user)
+    return entry[1] if entry else 0
+
+
+def free_subid_range(path: Path) -> Tuple[int, int]:
+    """A range of SUBID_COUNT ids after every range path hands out (first, last)."""
+    end = max([start + count for _, start, count in subid_ranges(path)] + [SUBID_MIN])
+    return end, end + SUBID_COUNT - 1
+
+
+def subid_advice(path: Path, kind: str, user: str) -> str:
+    """The usermod commands that give user a range sbuild can use."""
+    flag = f"sub{kind[3:]}s"  # subuids / subgids
+    mine = [(start, count) for owner, start, count in subid_ranges(path) if owner == user]
+    big = [i for i, (_, count) in enumerate(mine) if count >= SUBID_COUNT]
+    # sbuild reads only the first line for the user: shorter ones before a big one go.
+    keep = big[0] if big else len(mine)
+    commands = [f"usermod --del-{flag} {a}-{a + max(n, 1) - 1} {user}" for a, n in mine[:keep]]
+    if not big:
+        first, last = free_subid_range(path)
+        commands.append(f"usermod --add-{flag} {first}-{last} {user}")
+    return " && ".join(commands)
 
 
 def inspect_tarball(path: Path) -> Dict[str, bool]:
@@ -1000,6 +1313,29 @@ def inspect_directory(path: Path, conf: Path) -> Dict[str, bool]:
     }
 
 
+SCHROOT_OVERLAY_DIR = "/var/lib/schroot/union/overlay"  # schroot's union-overlay-directory
+
+
+def schroot_overlay_dirs(states: Sequence[Dict], root: Path = Path("/")) -> List[Path]:
+    """Where schroot sessions of the sbuild-fast chroots write: union-overlay-directory
+    from their definitions, schroot's default otherwise."""
+    dirs: List[Path] = []
+    for state in states:
+        if state["mode"] != "schroot":
+            continue
+        directory = SCHROOT_OVERLAY_DIR
+        conf = root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}"
+        with contextlib.suppress(OSError):
+            for line in conf.read_text(encoding="utf-8", errors="replace").splitlines():
+                key, _, value = line.strip().partition("=")
+                if key == "union-overlay-directory" and value.startswith("/"):
+                    directory = value
+        path = root / directory.lstrip("/")
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
 def doctor_findings(
     cache_dir: Path,
     config: Dict[str, str],
@@ -1009,26 +1345,36 @@ def doctor_findings(
     now: float,
     root: Path = Path("/"),
     inspect: bool = True,
+    uid: Optional[int] = None,
 ) -> Tuple[List[Dict], Dict]:
-    """(findings, facts): each finding has kind, severity (warning|info), path and message."""
+    """(findings, facts): each finding has kind, severity (warning|info), path and message.
+    uid: the user who builds (default: the caller)."""
     findings: List[Dict] = []
     facts: Dict = {"chroots": []}
 
     def add(kind: str, message: str, path: Optional[str] = None, severity: str = "warning"):
         findings.append({"kind": kind, "severity": severity, "path": path, "message": message})
 
-    user = pwd.getpwuid(os.getuid()).pw_name
+    uid = os.getuid() if uid is None else uid
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
     mode = config.get("chroot_mode", "")
     facts["chroot_mode"] = mode
-    if os.getuid() != 0 or mode == "unshare":
+    unshare_used = mode == "unshare" or any(s["mode"] == "unshare" for s in states)
+    # A user with no chroot yet is about to make one in unshare mode, the default.
+    if unshare_used or (not states and uid != 0):
         for kind in ("subuid", "subgid"):
-            count = read_subids(root / "etc" / kind, user, os.getuid())
+            path = root / "etc" / kind
+            count = read_subids(path, user)
             facts[kind] = count
-            if count < 65536:
+            if count < SUBID_COUNT:
                 add(
                     f"no-{kind}",
-                    f"/etc/{kind} grants {user} {count} ids, unshare mode needs "
-                    f"65536: usermod --add-sub{kind[3:]}s 100000-165535 {user}",
+                    f"sbuild's unshare mode takes the first line for {user} in /etc/{kind}: "
+                    f"{count or 'none'} ids, it needs {SUBID_COUNT}: "
+                    + subid_advice(path, kind, user),
                     f"/etc/{kind}",
                 )
     if mode != "unshare" and any(s["mode"] == "unshare" for s in states):
@@ -1037,8 +1383,19 @@ def doctor_findings(
             f"sbuild's chroot_mode is {mode or 'unset'}: plain 'sbuild -d DIST' "
             "ignores the sbuild-fast tarballs (run 'sbuild-fast create --configure')",
         )
-    if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
-        facts["auto_create_trap"] = True
+    max_age = auto_create_max_age(config, sbuild_ver)
+    facts["auto_create_trap"] = max_age is not None
+    if max_age is not None and unshare_used:
+        keep = config.get("unshare_mmdebstrap_keep_tarball", "").strip() not in ("", "0")
+        what = "overwrites it with" if keep else "builds in"
+        add(
+            "auto-create",
+            f"sbuild {sbuild_ver} re-creates unshare chroots whose tarball is "
+            f"{max_age / 86400:g} days old and {what} a plain mmdebstrap chroot "
+            "($unshare_mmdebstrap_auto_create is on): run 'sbuild-fast create --configure', "
+            "or set $unshare_mmdebstrap_auto_create = 0 in the sbuild configuration",
+        )
+    schroot_conf_names = schroot_names(root) if any(s["mode"] == "schroot" for s in states) else {}
     for state in states:
         info = describe(state, now)
         facts["chroots"].append(info)
@@ -1049,15 +1406,20 @@ def doctor_findings(
                 info["path"],
             )
             continue
-        if info["age_days"] > MAX_AGE_DAYS:
-            extra = (
-                " and sbuild >= 0.87 silently replaces it with a plain chroot"
-                if facts.get("auto_create_trap")
-                else ""
-            )
+        age = now - (info["modified"] if info["modified"] is not None else info["created"])
+        replaced_at = max_age if state["mode"] == "unshare" else None
+        if replaced_at is not None and age >= replaced_at - AGE_MARGIN:
             add(
                 "old-chroot",
-                f"{info['name']} is {info['age_days']} days old{extra}: run "
+                f"{info['name']} is {info['age_days']} days old and sbuild re-creates it "
+                f"plainly at {replaced_at / 86400:g} days: run 'sbuild-fast update' or "
+                "enable sbuild-fast-update.timer",
+                info["path"],
+            )
+        elif info["age_days"] > MAX_AGE_DAYS:
+            add(
+                "old-chroot",
+                f"{info['name']} is {info['age_days']} days old: run "
                 "'sbuild-fast update' or enable sbuild-fast-update.timer",
                 info["path"],
             )
@@ -1114,36 +1476,50 @@ def doctor_findings(
                         f"man-db rebuilds its database in every build from " f"{info['path']}",
                         info["path"],
                     )
-        elif state["mode"] == "schroot" and inspect:
-            content = inspect_directory(
-                Path(info["path"]), root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}"
+        elif state["mode"] == "schroot":
+            own_conf = root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}"
+            shadow = schroot_shadow_message(
+                state, schroot_lookup(state["dist"], state["arch"], schroot_conf_names)
             )
-            info["content"] = content
-            for key in ("debhelper", "fakeroot"):
-                if not content[key]:
-                    add("not-preinstalled", f"{key} is missing from {info['path']}", info["path"])
-            if state.get("eatmydata", True) and not (
-                content["eatmydata"] and content["command_prefix_eatmydata"]
-            ):
-                add(
-                    "no-eatmydata",
-                    f"schroot does not run {info['name']}-sbuild-fast under " "eatmydata",
-                    info["path"],
-                )
-            if content["mandb_auto_update"]:
-                add(
-                    "man-db",
-                    f"man-db rebuilds its database in every build in {info['path']}",
-                    info["path"],
-                )
+            if shadow:
+                add("shadowed", shadow, str(own_conf))
+            if inspect:
+                content = inspect_directory(Path(info["path"]), own_conf)
+                info["content"] = content
+                for key in ("debhelper", "fakeroot"):
+                    if not content[key]:
+                        add(
+                            "not-preinstalled",
+                            f"{key} is missing from {info['path']}",
+                            info["path"],
+                        )
+                if state.get("eatmydata", True) and not (
+                    content["eatmydata"] and content["command_prefix_eatmydata"]
+                ):
+                    add(
+                        "no-eatmydata",
+                        f"schroot does not run {info['name']}-sbuild-fast under " "eatmydata",
+                        info["path"],
+                    )
+                if content["mandb_auto_update"]:
+                    add(
+                        "man-db",
+                        f"man-db rebuilds its database in every build in {info['path']}",
+                        info["path"],
+                    )
     # Filesystems builds write to: the unpack dir, the build dir, the chroot store.
     template = config.get("unshare_tmpdir_template") or "/tmp/tmp.sbuild.XXXXXXXXXX"
     unpack_dir = root / Path(template).parent.relative_to("/")
     checked = []
-    if mode == "unshare" or any(s["mode"] == "unshare" for s in states):
+    if unshare_used:
         checked.append(("unpack", unpack_dir))
     checked += [("build", Path(d)) for d in build_dirs]
-    checked.append(("store", cache_dir))
+    if unshare_used or not states:
+        checked.append(("store", cache_dir))
+    if any(s["mode"] == "schroot" for s in states):
+        # schroot sessions write into an overlay directory over the chroot store.
+        checked.append(("store", root / SCHROOT_BASE.relative_to("/")))
+        checked += [("overlay", d) for d in schroot_overlay_dirs(states, root)]
     facts["filesystems"] = []
     for role, directory in checked:
         fstype, options = fs_of(directory)
@@ -1199,12 +1575,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for pkg in ("sbuild", "mmdebstrap"):
         result = proc.run(["dpkg-query", "-W", "-f", "${Version}", pkg], check=False)
         versions[pkg] = result.stdout.strip() or None
-    config = effective_sbuild_config() if versions["sbuild"] else {}
+    config: Dict[str, str] = {}
+    config_error = None
+    if versions["sbuild"]:
+        try:
+            config = effective_sbuild_config(versions["sbuild"])
+        except Error as exc:
+            config_error = str(exc)
     build_dirs = args.build_dir or [Path.cwd()]
     states = all_states()
     findings, facts = doctor_findings(
         cache_dir, config, build_dirs, states, versions["sbuild"], now
     )
+    if config_error:
+        # sbuild itself fails on this configuration: the first thing to fix.
+        findings.insert(
+            0,
+            {
+                "kind": "sbuild-config",
+                "severity": "warning",
+                "path": None,
+                "message": config_error,
+            },
+        )
     for pkg, version in versions.items():
         if not version:
             findings.append(
