@@ -98,6 +98,16 @@ def atomic_write(
         handle.write(data)
 
 
+def read_text(path: Path) -> Optional[str]:
+    """The UTF-8 text of path, None when it does not exist; any other failure is an Error."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Error(f"cannot read {path}: {exc}") from None
+
+
 def remove_file(path: Path) -> bool:
     """Remove path if present (and fsync its directory); True when something was removed."""
     path = Path(path)

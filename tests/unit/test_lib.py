@@ -174,3 +174,14 @@ def test_dropin_files_masking_and_order(tmp_path):
         tmp_path / "run/15-x.conf",
         tmp_path / "etc/20-b.conf",
     ]
+
+
+def test_read_text(tmp_path):
+    assert fsutil.read_text(tmp_path / "missing") is None
+    (tmp_path / "f").write_text("x\n")
+    assert fsutil.read_text(tmp_path / "f") == "x\n"
+    (tmp_path / "bad").write_bytes(b"\xff\xfe")
+    with pytest.raises(Error, match="^cannot read .*bad: "):
+        fsutil.read_text(tmp_path / "bad")
+    with pytest.raises(Error, match="^cannot read "):
+        fsutil.read_text(tmp_path)  # a directory

@@ -184,13 +184,8 @@ def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
 
 def read_dropin(root: Path = Path("/")) -> Optional[Persisted]:
     path = root / DROPIN
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Error(f"cannot read {path}: {exc}") from None
-    return parse_dropin(text, str(path))
+    text = fsutil.read_text(path)
+    return None if text is None else parse_dropin(text, str(path))
 
 
 # --- configuration of watch ---------------------------------------------------------------

@@ -435,12 +435,9 @@ def read_tmpfiles_dropin(root: Path = Path("/")) -> Optional[Dict[str, bool]]:
     error, so that apply and revert never rewrite a file they do not understand.
     """
     path = root / TMPFILES_DROPIN
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = fsutil.read_text(path)
+    if text is None:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Error(f"cannot read {path}: {exc}") from None
     found: Dict[str, List[str]] = {p: [] for p in TMPFILES_PATHS}
     names: List[str] = []
     for number, line in enumerate(text.splitlines(), 1):

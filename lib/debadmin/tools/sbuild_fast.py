@@ -966,12 +966,7 @@ def configure(mode: str, write: bool, dry_run: bool) -> int:
     sbuild_ver = sbuild_version()
     block = config_block(mode, sbuild_ver, tmpfs_unpack_template())
     rc_path = sbuildrc_path(sbuild_ver=sbuild_ver)
-    try:
-        current = rc_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        current = ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Error(f"cannot read {rc_path}: {exc}") from None
+    current = fsutil.read_text(rc_path) or ""
     merged = merge_config(current, block)
     if merged == current:
         print(f"{rc_path} already has the sbuild-fast settings")
