@@ -768,6 +768,50 @@ def test_watch_reloads_on_sighup(host, capsys, caplog, monkeypatch):
     assert not monitor.actions  # ran to the SIGTERM, not ended by a SIGHUP
 
 
+def test_watch_reload_without_uplinks_changes_nothing(host, capsys, monkeypatch):
+    # Emptying UPLINKS and reloading must not turn forwarding on: that would drop every
+    # interface's RA default route (at start, no uplinks means nothing to watch).
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\nFORWARDING=no\n')
+
+    def empty_and_hup():
+        conf.write_text('UPLINKS=""\nFORWARDING=yes\n')
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    monitor = SignalingMonitor([empty_and_hup, lambda: os.kill(os.getpid(), signal.SIGTERM)])
+    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
+    monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        assert raf.main(["watch", "--config", str(conf)]) == 0
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    assert "reloaded: no uplinks configured: nothing changed" in capsys.readouterr().out
+    assert sysctl(host, "all", "forwarding") == 0
+
+
+def test_watch_apply_failure_at_start_is_restartable(host, capsys, monkeypatch):
+    # An interface gone between listing and reading is no configuration error: exit 1
+    # (Restart= tries again), not 2 (RestartPreventExitStatus).
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\nFORWARDING=yes\n')
+    (host / raf.CONF_DIR / "eth0" / "accept_ra").unlink()
+    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
+    monkeypatch.setattr(
+        raf.pyudev.Monitor, "from_netlink", lambda context, source: SignalingMonitor([])
+    )
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        assert raf.main(["watch", "--config", str(conf)]) == 1
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert err.startswith("ipv6-ra-forward: error: ") and len(err.splitlines()) == 1
+    assert sysctl(host, "all", "forwarding") == 0
+
+
 def test_unit_stops_restarting_on_exit_2():
     unit = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward.service").read_text()
     assert "RestartPreventExitStatus=2\n" in unit

@@ -882,6 +882,21 @@ def test_tree_serialized_by_0_1_0_is_undone(capsys, tmp_path):
     assert snapshot(tree) == snapshot(expected)
 
 
+def test_check_on_a_tree_serialized_by_0_1_0(capsys, tmp_path):
+    """The same settings, written by 0.1.0 (no per-file comment): --check lists the
+    comment-only files but exits 0; a real difference still exits 1."""
+    tree = copy_fixture("gtk", tmp_path / "old")
+    assert run(capsys, tree, *FIRST)[0] == 0
+    for name in ns.tree_names(tree):
+        if name.startswith(BS) and not name.endswith("syslinux.cfg") and name.endswith(".cfg"):
+            data = (tree / name).read_bytes()
+            kept = [ln for ln in data.splitlines(True) if not ln.startswith(ns.MARKER.encode())]
+            (tree / name).write_bytes(b"".join(kept))
+    code, out, _ = run(capsys, tree, "--check", *FIRST)
+    assert code == 0 and ns.COMMENT_ONLY in out
+    assert run(capsys, tree, "--check", *SECOND)[0] == 1
+
+
 # --- GRUB syntax of what is written -----------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 import socket
 import struct
 import time
@@ -931,11 +932,16 @@ def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config
     except Error as exc:
         log.error("reload failed, still watching for %s: %s", " ".join(config.uplinks), exc)
         return config
+    if not new.uplinks:
+        # As at start, no uplinks means nothing to do: above all, forwarding is not
+        # turned on, which would drop every interface's RA default route.
+        print("reloaded: no uplinks configured: nothing changed, watching for nothing", flush=True)
+        return new
     try:
         apply_existing(root, new, args.dry_run)
     except Error as exc:
         log.error("reload: %s", exc)
-    print(f"reloaded: watching for {' '.join(new.uplinks) or 'nothing'}", flush=True)
+    print(f"reloaded: watching for {' '.join(new.uplinks)}", flush=True)
     return new
 
 
@@ -952,14 +958,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
         monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
         monitor.filter_by("net")
         monitor.start()
-    apply_existing(root, config, args.dry_run)
+    stop: List[bool] = []
+    reload: List[bool] = []
+    if not args.once:
+        # Before the first apply: a reload right after start must not kill the daemon.
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        signal.signal(signal.SIGHUP, lambda *_: reload.append(True))
+    try:
+        apply_existing(root, config, args.dry_run)
+    except Error as exc:
+        # Not a configuration error (an interface gone meanwhile, a sysctl that cannot
+        # be written): exit 1, so that Restart= tries again; exit 2, after which the
+        # service is not restarted, is kept for configuration errors.
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ACTION
     if args.once:
         return EXIT_OK
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
-    stop: List[bool] = []
-    reload: List[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    signal.signal(signal.SIGHUP, lambda *_: reload.append(True))
     print(f"watching for {' '.join(config.uplinks)}", flush=True)
     while not stop:
         if reload:

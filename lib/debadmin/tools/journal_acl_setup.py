@@ -467,15 +467,31 @@ def read_tmpfiles_dropin(root: Path = Path("/")) -> Optional[Dict[str, bool]]:
 def tmpfiles_shortfalls(root: Path, groups: Dict[str, int]) -> List[Shortfall]:
     """One shortfall per group other than adm that the drop-in does not grant at boot."""
     extra = [name for name in groups if name != STOCK_GROUP]
-    if not extra:
-        return []
     present = read_tmpfiles_dropin(root) or {}
     dropin = root / TMPFILES_DROPIN
-    return [
+    shortfalls = [
         Shortfall("tmpfiles", str(dropin), f"{dropin} does not grant {name} on boot", name)
         for name in extra
         if not present.get(name)
     ]
+    # systemd-tmpfiles ignores a whole line that names a group it cannot resolve: a
+    # group deleted since an apply would take every other group's boot-time grant along.
+    shortfalls += [
+        Shortfall(
+            "tmpfiles",
+            str(dropin),
+            f"{dropin} names group {name}, which does not exist: systemd-tmpfiles ignores "
+            "its lines for every group",
+            name,
+        )
+        for name in gone_groups(root, present)
+    ]
+    return shortfalls
+
+
+def gone_groups(root: Path, present: Dict[str, bool]) -> List[str]:
+    """The groups named in the drop-in that no longer exist."""
+    return [name for name in present if lookup_group(name, root) is None]
 
 
 # --- check -----------------------------------------------------------------------------------
@@ -666,14 +682,20 @@ def plan(state: State) -> List[Step]:
             )
     if "tmpfiles" in kinds:
         # Keep the groups an earlier apply added: the drop-in holds the union.
+        # Groups deleted since are left out: tmpfiles would ignore the lines naming them.
         present = read_tmpfiles_dropin(root) or {}
-        union = sorted(set(present) | {n for n in state.groups if n != STOCK_GROUP})
-        steps.append(
-            (
-                f"write {root / TMPFILES_DROPIN} for {', '.join(union)}",
-                lambda: write_file(root / TMPFILES_DROPIN, render_tmpfiles(union)),
+        kept = set(present) - set(gone_groups(root, present))
+        union = sorted(kept | {n for n in state.groups if n != STOCK_GROUP})
+        if union:
+            steps.append(
+                (
+                    f"write {root / TMPFILES_DROPIN} for {', '.join(union)}",
+                    lambda: write_file(root / TMPFILES_DROPIN, render_tmpfiles(union)),
+                )
             )
-        )
+        else:
+            dropin = root / TMPFILES_DROPIN
+            steps.append((f"remove {dropin}", lambda: fsutil.remove_file(dropin)))
     if "storage" in kinds and systemd_running(root):
         steps.append(
             (
@@ -744,19 +766,21 @@ def flush(root: Path, dry_run: bool) -> None:
     print("done: run journalctl --flush")
 
 
-def stock_paths(root: Path, journal: Path) -> List[str]:
-    """The paths on which systemd's own tmpfiles.d/systemd.conf grants adm."""
-    paths = [str(journal)]
-    try:
-        machine_id = (root / "etc/machine-id").read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return paths
-    if re.fullmatch(r"[0-9a-f]{32}", machine_id):
-        paths += [str(journal / machine_id), str(journal / machine_id / "system.journal")]
-    return paths
+def resolve_revert_groups(names: Iterable[str], root: Path) -> Dict[str, Optional[int]]:
+    """Like resolve_groups, but a group deleted since its apply may still be named: its
+    lines in the drop-in are what is left of it to remove (gid None)."""
+    present = read_tmpfiles_dropin(root) or {}
+    resolved: Dict[str, Optional[int]] = {}
+    for name in names:
+        validate_group_name(name)
+        gid = lookup_group(name, root)
+        if gid is None and name not in present:
+            raise Error(f"unknown group: {name}")
+        resolved[name] = gid
+    return resolved
 
 
-def revert_dropins(root: Path, groups: Dict[str, int]) -> List[Step]:
+def revert_dropins(root: Path, groups: Dict[str, Optional[int]]) -> List[Step]:
     """Take the named groups out of the tmpfiles.d drop-in; remove the Storage= drop-in.
 
     Storage= is not per group: a persistent journal serves adm (through systemd's own
@@ -788,19 +812,22 @@ def revert_dropins(root: Path, groups: Dict[str, int]) -> List[Step]:
 
 def cmd_revert(args: argparse.Namespace) -> int:
     root = Path(args.root)
-    groups = resolve_groups(wanted_groups(args, root), root)
     require_journald(root)
     check_paths(root)
+    groups = resolve_revert_groups(wanted_groups(args, root), root)
     journal = root / JOURNAL_DIR
     steps = revert_dropins(root, groups)
     if journal.is_dir() and not journal.is_symlink():
         acls = read_acls(journal)
-        stock = stock_paths(root, journal)
         acl_steps: List[Step] = []
         for name, gid in groups.items():
-            # adm's entries on the paths systemd.conf covers are systemd's, not ours.
-            ours = [a for a in acls if not (name == STOCK_GROUP and a.path in stock)]
-            if any(has_entries(acl, gid) for acl in ours):
+            # adm's entries are systemd's own: its tmpfiles.d/systemd.conf sets default
+            # ACLs for adm, so every file journald creates carries them. Removing them
+            # would take from adm what a stock system gives it. A group deleted since
+            # (gid None) has only its drop-in lines left.
+            if name == STOCK_GROUP or gid is None:
+                continue
+            if any(has_entries(acl, gid) for acl in acls):
                 spec = f"group:{gid},default:group:{gid}"
                 acl_steps.append(
                     (
