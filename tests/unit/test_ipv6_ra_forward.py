@@ -738,6 +738,19 @@ class SignalingMonitor:
         return None
 
 
+def run_watch(monkeypatch, monitor, *argv):
+    """raf.main(["watch", *argv]) with monitor standing in for pyudev's; the signal
+    handlers watch installs are put back afterwards."""
+    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
+    monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        return raf.main(["watch", *argv])
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def test_watch_reloads_on_sighup(host, capsys, caplog, monkeypatch):
     conf = host / "conf"
     conf.write_text('UPLINKS="eth0"\nFORWARDING=no\n')
@@ -754,14 +767,7 @@ def test_watch_reloads_on_sighup(host, capsys, caplog, monkeypatch):
         [edit_and_hup, lambda: None, break_and_hup, lambda: None]
         + [lambda: os.kill(os.getpid(), signal.SIGTERM)]
     )
-    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
-    monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
-    try:
-        assert raf.main(["watch", "--config", str(conf)]) == 0
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    assert run_watch(monkeypatch, monitor, "--config", str(conf)) == 0
     assert "reloaded: watching for eth0 lan*" in capsys.readouterr().out
     assert sysctl(host, "lan0", "accept_ra") == 2 and sysctl(host, "all", "forwarding") == 0
     assert "reload failed, still watching for eth0 lan*" in caplog.text
@@ -779,14 +785,7 @@ def test_watch_reload_without_uplinks_changes_nothing(host, capsys, monkeypatch)
         os.kill(os.getpid(), signal.SIGHUP)
 
     monitor = SignalingMonitor([empty_and_hup, lambda: os.kill(os.getpid(), signal.SIGTERM)])
-    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
-    monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
-    try:
-        assert raf.main(["watch", "--config", str(conf)]) == 0
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    assert run_watch(monkeypatch, monitor, "--config", str(conf)) == 0
     assert "reloaded: no uplinks configured: nothing changed" in capsys.readouterr().out
     assert sysctl(host, "all", "forwarding") == 0
 
@@ -797,16 +796,7 @@ def test_watch_apply_failure_at_start_is_restartable(host, capsys, monkeypatch):
     conf = host / "conf"
     conf.write_text('UPLINKS="eth0"\nFORWARDING=yes\n')
     (host / raf.CONF_DIR / "eth0" / "accept_ra").unlink()
-    monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
-    monkeypatch.setattr(
-        raf.pyudev.Monitor, "from_netlink", lambda context, source: SignalingMonitor([])
-    )
-    old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
-    try:
-        assert raf.main(["watch", "--config", str(conf)]) == 1
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    assert run_watch(monkeypatch, SignalingMonitor([]), "--config", str(conf)) == 1
     err = capsys.readouterr().err
     assert err.startswith("ipv6-ra-forward: error: ") and len(err.splitlines()) == 1
     assert sysctl(host, "all", "forwarding") == 0

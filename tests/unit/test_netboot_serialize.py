@@ -866,16 +866,23 @@ def test_interrupted_in_place_run_is_repaired(capsys, tmp_path, flavour, first):
         assert snapshot(tree) == snapshot(expected), sorted(subset)
 
 
-def test_tree_serialized_by_0_1_0_is_undone(capsys, tmp_path):
-    """0.1.0 kept its settings in syslinux.cfg only: menu files without a marker of their
-    own but with console= words fall back to it."""
-    tree = copy_fixture("gtk", tmp_path / "old")
+def serialized_by_0_1_0(capsys, path):
+    """The gtk tree serialized with FIRST as 0.1.0 left it: the settings comment in
+    syslinux.cfg alone, none in the other menu files."""
+    tree = copy_fixture("gtk", path)
     assert run(capsys, tree, *FIRST)[0] == 0
     for name in ns.tree_names(tree):
         if name.startswith(BS) and not name.endswith("syslinux.cfg") and name.endswith(".cfg"):
             data = (tree / name).read_bytes()
             kept = [ln for ln in data.splitlines(True) if not ln.startswith(ns.MARKER.encode())]
             (tree / name).write_bytes(b"".join(kept))
+    return tree
+
+
+def test_tree_serialized_by_0_1_0_is_undone(capsys, tmp_path):
+    """0.1.0 kept its settings in syslinux.cfg only: menu files without a marker of their
+    own but with console= words fall back to it."""
+    tree = serialized_by_0_1_0(capsys, tmp_path / "old")
     assert run(capsys, tree, *SECOND)[0] == 0
     expected = copy_fixture("gtk", tmp_path / "expected")
     assert run(capsys, expected, *SECOND)[0] == 0
@@ -885,13 +892,7 @@ def test_tree_serialized_by_0_1_0_is_undone(capsys, tmp_path):
 def test_check_on_a_tree_serialized_by_0_1_0(capsys, tmp_path):
     """The same settings, written by 0.1.0 (no per-file comment): --check lists the
     comment-only files but exits 0; a real difference still exits 1."""
-    tree = copy_fixture("gtk", tmp_path / "old")
-    assert run(capsys, tree, *FIRST)[0] == 0
-    for name in ns.tree_names(tree):
-        if name.startswith(BS) and not name.endswith("syslinux.cfg") and name.endswith(".cfg"):
-            data = (tree / name).read_bytes()
-            kept = [ln for ln in data.splitlines(True) if not ln.startswith(ns.MARKER.encode())]
-            (tree / name).write_bytes(b"".join(kept))
+    tree = serialized_by_0_1_0(capsys, tmp_path / "old")
     code, out, _ = run(capsys, tree, "--check", *FIRST)
     assert code == 0 and ns.COMMENT_ONLY in out
     assert run(capsys, tree, "--check", *SECOND)[0] == 1
