@@ -142,11 +142,11 @@ def make_varstore(variables, states=None, size=0x84000) -> bytes:
         "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0
     )
     offset = header_length + 28
-    for name, data, *entry_state in variables:
+    for name, data, *extra in variables:  # extra: [state[, attributes]]
         vendor = efi.VARIABLES.get(name, efi.GLOBAL_GUID)
         raw_name = (name + "\0").encode("utf-16-le")
-        attrs = 0x27 if name in efi.AUTHENTICATED else 0x07
-        state = entry_state[0] if entry_state else (states or {}).get(name, efi.VAR_ADDED)
+        attrs = extra[1] if len(extra) > 1 else 0x27 if name in efi.AUTHENTICATED else 0x07
+        state = extra[0] if extra else (states or {}).get(name, efi.VAR_ADDED)
         var = (
             struct.pack(
                 "<HBBIQ16sIII16s",
@@ -1006,6 +1006,20 @@ def test_interrupted_update_in_a_varstore(tmp_path, capsys):
             assert "db" not in variables
         else:
             assert (variables["db"].data == db_2023) is has_2023
+
+
+def test_stale_copy_attributes_do_not_count(tmp_path):
+    """Only the copy edk2 would use is checked: a stale copy with odd attributes before
+    the VAR_ADDED one is passed over, as the firmware passes it over."""
+    path = tmp_path / "VARS.fd"
+    db_2011 = (REAL / "ovmf-ms-db.esl").read_bytes()
+    db_2023 = db_2011 + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+    path.write_bytes(make_varstore([pk, ("db", db_2011, 0x3E, 0x80000027), ("db", db_2023, 0x3F)]))
+    assert efi.read_varstore(path)["db"].data == db_2023
+    path.write_bytes(make_varstore([pk, ("db", db_2011, 0x3F, 0x80000027)]))
+    with pytest.raises(Error, match="undefined attribute bits"):
+        efi.read_varstore(path)
 
 
 def test_fifos_are_refused_not_waited_for(tmp_path, capsys):

@@ -368,7 +368,6 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         guid = guid_str(vendor)
         valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
         if state in valid and (name, guid) in wanted and name not in variables:
-            check_attributes(name, attributes, source)
             variable = Variable(name, guid, attributes, bytes(data[data_at : data_at + data_size]))
             if state == VAR_ADDED:
                 variables[name] = variable
@@ -378,7 +377,11 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     else:
         if offset < end and data[offset:end].strip(b"\xff"):
             raise Error(f"{source}: truncated variable header at byte {offset}")
-    return {**in_transition, **variables}
+    chosen = {**in_transition, **variables}
+    # Only the copies the firmware uses: a stale one it passes over may be anything.
+    for variable in chosen.values():
+        check_attributes(variable.name, variable.attributes, source)
+    return chosen
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
