@@ -675,24 +675,11 @@ def test_doctor_schroot_directory(tmp_path, monkeypatch):
     user = sf.pwd.getpwuid(os.getuid()).pw_name
     for kind in ("subuid", "subgid"):
         (tmp_path / "etc" / kind).write_text(f"{user}:100000:65536\n")
-    state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
-
-    def run_doctor():
-        return sf.doctor_findings(
-            tmp_path / "cache",
-            {"chroot_mode": "schroot"},
-            [],
-            [state],
-            "0.85.0",
-            time.time(),
-            root=tmp_path,
-        )
-
-    findings, facts = run_doctor()
+    findings, facts = schroot_doctor_findings(tmp_path, chroot)
     assert kinds(findings) == ["man-db", "no-eatmydata"]
     conf.write_text(sf.schroot_conf(RECIPE, chroot, ["bookworm-amd64-sbuild"]))
     (chroot / "var/lib/man-db/auto-update").unlink()
-    findings, facts = run_doctor()
+    findings, facts = schroot_doctor_findings(tmp_path, chroot)
     assert findings == [] and facts["chroots"][0]["content"]["command_prefix_eatmydata"]
 
 
@@ -1017,6 +1004,11 @@ def schroot_doctor(tmp_path, monkeypatch, aliases, fs=None, other=None):
         (conf_dir / "bookworm-amd64-sbuild-AbC123").write_text(other)
     fs = fs or {}
     monkeypatch.setattr(sf, "fs_of", lambda path: fs.get(str(path), ("ext4", "rw")))
+    return schroot_doctor_findings(tmp_path, chroot, inspect=False)
+
+
+def schroot_doctor_findings(tmp_path, chroot, inspect=True):
+    """doctor_findings for one fresh schroot-mode record of chroot, under root tmp_path."""
     state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
     return sf.doctor_findings(
         tmp_path / "cache",
@@ -1026,7 +1018,7 @@ def schroot_doctor(tmp_path, monkeypatch, aliases, fs=None, other=None):
         "0.85.0",
         time.time(),
         root=tmp_path,
-        inspect=False,
+        inspect=inspect,
     )
 
 
