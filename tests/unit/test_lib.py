@@ -185,3 +185,18 @@ def test_read_text(tmp_path):
         fsutil.read_text(tmp_path / "bad")
     with pytest.raises(Error, match="^cannot read "):
         fsutil.read_text(tmp_path)  # a directory
+
+
+def test_findings_shape():
+    from debadmin.findings import finding, needs_action, text_lines
+
+    found = [
+        finding("storage-volatile", "action", "journal is volatile", "/var/log/journal"),
+        finding("old", "warning", "tarball is old", group="adm"),
+    ]
+    assert list(found[0]) == ["code", "severity", "subject", "message"]
+    assert found[1]["subject"] is None and found[1]["group"] == "adm"
+    assert needs_action(found) and not needs_action(found[1:])
+    assert text_lines(found, "  ") == ["  action: journal is volatile", "  warning: tarball is old"]
+    with pytest.raises(ValueError):
+        finding("x", "fatal", "no such severity")
