@@ -850,7 +850,8 @@ def test_lookalike_name_variants_are_flagged(tmp_path):
 
 
 def test_control_characters_in_names_cannot_forge_the_text_report(tmp_path, capsys):
-    forged = "\n  INFO: nothing wrong here\nVerdict: ok, nothing to do\x1b[31m\u202e"
+    # At most 64 characters with "Own key": trixie's cryptography refuses longer names.
+    forged = "\n  INFO: all fine\nVerdict: ok, nothing to do\x1b[31m\u202e"
     # A look-alike (its name still copies the CA's) whose finding carries control characters,
     # and a certificate whose name forges lines in the listing.
     fake, _ = make_cert("Microsoft Corporation KEK 2K CA 2023\r\x1b\u202e", org="Microsoft")
@@ -867,7 +868,7 @@ def test_control_characters_in_names_cannot_forge_the_text_report(tmp_path, caps
         ]
         assert "'Microsoft Corporation KEK 2K CA 2023\\r\\x1b\\u202e' claims" in out
         if not quiet:
-            assert "Own key\\n  INFO: nothing wrong here\\nVerdict: ok" in out
+            assert "Own key\\n  INFO: all fine\\nVerdict: ok" in out
     # JSON keeps the names as they are: json escapes them.
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     names = [c["subject_cn"] for c in doc["reports"][0]["variables"]["KEK"]["certificates"]]
