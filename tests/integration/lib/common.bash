@@ -39,16 +39,67 @@ mirror_for() {
 }
 
 # ct_make_root RELEASE DIR PKG,PKG [mmdebstrap options...]: a bootable tree.
+# Within one tests/integration/run (which sets DEBADMIN_CT_CACHE and removes it at the
+# end) a base tree per release is made once and copied; PKG,PKG are installed into the
+# copy with apt-get, and --customize-hook options run on it as mmdebstrap runs them
+# ('sh -c HOOK exec DIR'). Other mmdebstrap options, or no cache: a plain mmdebstrap.
+CT_BASE_PKGS=systemd,systemd-sysv,dbus,python3,python3-apt
+# mmdebstrap empties /etc/machine-id after the hooks: systemd makes one at each boot.
+# shellcheck disable=SC2016 # $1 is the tree, given by mmdebstrap or ct_make_root
+CT_IDENTITY_HOOK='echo debadmin-test > "$1/etc/hostname"'
 ct_make_root() {
-    local release=$1 dir=$2 pkgs=$3
+    local release=$1 dir=$2 pkgs=$3 cache=${DEBADMIN_CT_CACHE:-} opt start=$SECONDS
+    local hooks=("$CT_IDENTITY_HOOK")
     shift 3
-    # shellcheck disable=SC2016 # $1 is mmdebstrap's, expanded by its hook
-    mmdebstrap --quiet --variant=minbase \
-        --include="systemd,systemd-sysv,dbus,$pkgs" \
-        --customize-hook='echo debadmin-test > "$1/etc/hostname"' \
-        --customize-hook='od -An -N16 -tx1 /dev/urandom | tr -d " \n" > "$1/etc/machine-id"; echo >> "$1/etc/machine-id"' \
-        "$@" "$release" "$dir" "$(mirror_for "$release")" ||
-        fail "mmdebstrap $release failed"
+    for opt in "$@"; do
+        case $opt in
+            --customize-hook=*) hooks+=("${opt#--customize-hook=}") ;;
+            *) cache="" ;;
+        esac
+    done
+    if [ -z "$cache" ] || [ ! -d "$cache" ]; then
+        mmdebstrap --quiet --variant=minbase --include="$CT_BASE_PKGS,$pkgs" \
+            --customize-hook="$CT_IDENTITY_HOOK" "$@" \
+            "$release" "$dir" "$(mirror_for "$release")" || fail "mmdebstrap $release failed"
+        echo "ct_make_root: $release tree by mmdebstrap in $((SECONDS - start)) s"
+        return 0
+    fi
+    (
+        flock 9
+        [ -d "$cache/$release" ] && exit 0
+        rm -rf "$cache/$release.new"
+        # Package lists kept: the copies install their packages from them.
+        mmdebstrap --quiet --variant=minbase --include="$CT_BASE_PKGS" --skip=cleanup/apt/lists \
+            "$release" "$cache/$release.new" "$(mirror_for "$release")" &&
+            mv "$cache/$release.new" "$cache/$release"
+    ) 9>"$cache/$release.lock" || fail "mmdebstrap $release failed (base tree)"
+    mkdir -p "$dir"
+    cp -a --reflink=auto "$cache/$release/." "$dir/" || fail "copying the $release base tree"
+    # A private mount namespace: /dev and /proc for the maintainer scripts, gone with it.
+    # shellcheck disable=SC2016 # expanded by that sh
+    unshare --mount --propagation private --fork sh -euc '
+        dir=$1 pkgs=$2
+        shift 2
+        mount --rbind /dev "$dir/dev"
+        mount -t proc proc "$dir/proc"
+        # The comma-separated list made into words.
+        chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 \
+            DEBIAN_FRONTEND=noninteractive apt-get -q -y -o Dpkg::Use-Pty=0 \
+            --no-install-recommends install $(echo "$pkgs" | tr , " ") > "$dir/.ct-apt.log" 2>&1 ||
+            { tail -n 30 "$dir/.ct-apt.log"; exit 1; }
+        rm -f "$dir/.ct-apt.log"
+        for hook in "$@"; do sh -c "$hook" exec "$dir"; done
+        # Then clean up as mmdebstrap does: no package lists, apt cache, logs, machine-id.
+        chroot "$dir" apt-get clean
+        find "$dir/var/lib/apt/lists" -mindepth 1 -maxdepth 1 ! -name lock ! -name partial \
+            -exec rm -rf {} +
+        for f in log/dpkg.log log/apt/history.log log/apt/term.log log/alternatives.log \
+            cache/ldconfig/aux-cache log/apt/eipp.log.xz lib/dbus/machine-id cache/debconf/tmp.ci; do
+            rm -f "$dir/var/$f"
+        done
+        : > "$dir/etc/machine-id"
+    ' sh "$dir" "$pkgs" "${hooks[@]}" || fail "installing $pkgs into the $release tree"
+    echo "ct_make_root: $release tree from the cached base in $((SECONDS - start)) s"
 }
 
 CT_PID=""
