@@ -1,9 +1,12 @@
 # debadmin: build, install and test the Debian packages.
 #
-#   sudo make install   install build dependencies, build the .debs, install them with apt
-#   sudo make check     install test dependencies, then run every test, in this order:
-#                       shellcheck, unit tests, package build, lintian, autopkgtest,
-#                       install, integration tests
+#   make install   (root) install build dependencies, build the .debs, install them with apt
+#   make check     (root) install test dependencies, then run every test, in this order:
+#                  shellcheck, unit tests, package build, lintian, autopkgtest (host's
+#                  release), trixie (the quick start in a fresh trixie root: build with
+#                  trixie's Python, trixie's lintian, autopkgtest in a trixie testbed),
+#                  install, integration tests
+#   Run as a normal user with sudo, build/ stays the user's.
 #
 # Adding a tool: its test dependencies go into TEST_DEPENDS below (one line); everything
 # else is found by globbing bin/, debian/ and tests/integration/.
@@ -34,61 +37,93 @@ TEST_DEPENDS += radvd iproute2 procps
 TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
-FIND_TREE := find . \( -path ./build -o -path ./.git \) -prune -o -type f
+FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f
 SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
-	install-debs integration lint clean subids
+	install-debs integration lint clean subids trixie
+
+# $(call need,COMMAND...,TARGET): stop with a hint when a command is missing.
+need = @for c in $(1); do command -v $$c >/dev/null || { \
+	echo "make $@: $$c is not installed: run 'make $(2)' first (as root, or with sudo)" >&2; \
+	exit 2; }; done
+# Build dependencies (python3-pytest and what the unit tests import among them).
+need_builddeps = @command -v dpkg-checkbuilddeps >/dev/null && dpkg-checkbuilddeps || { \
+	echo "make $@: build dependencies missing: run 'make deps' first (as root, or with sudo)" >&2; \
+	exit 2; }
+need_root = @[ "$$(id -u)" = 0 ] || { echo "make $@: run as root (or with sudo)" >&2; exit 2; }
+# Files made as root (sudo make ...) go back to the owner of the source tree.
+give_back = [ "$$(id -u)" != 0 ] || chown -R "$$(stat -c %u:%g $(CURDIR))" $(1)
 
 all: build
 
 deps:
+	$(need_root)
 	$(APT) update
 	$(APT) install build-essential dpkg-dev
 	$(APT) build-dep ./
 
 check-deps: deps
+	$(need_root)
 	$(APT) install $(CHECK_DEPENDS) $(TEST_DEPENDS)
 
 install: deps build install-debs
 
-check: check-deps shellcheck unit build lintian autopkgtest install-debs integration
+# 'trixie' runs the quick start in a fresh trixie root; the integration test of the
+# quick start then proves it again on bookworm only (DEBADMIN_QUICKSTART_DONE).
+check: export DEBADMIN_QUICKSTART_DONE := trixie
+check: check-deps shellcheck unit build lintian autopkgtest trixie install-debs integration
 
 shellcheck:
+	$(call need,shellcheck,check-deps)
 	shellcheck -s sh $(SH_FILES)
 	shellcheck -s bash $(BASH_FILES)
 
+# Warnings are errors (pyproject.toml); no cache or bytecode left in the tree.
 unit:
-	$(PYTHON) -m pytest -q tests/unit
+	$(need_builddeps)
+	@echo "=== unit tests: $$($(PYTHON) --version), warnings as errors"
+	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/unit
 
 # Build from a copy of the tree so that the .debs land in build/, not in ..
 build:
+	$(need_builddeps)
 	rm -rf $(BUILD)
 	mkdir -p $(BUILD)/debadmin-$(VERSION)
-	tar -c --exclude=./build --exclude=./.git --exclude=__pycache__ --exclude=.pytest_cache . \
+	tar -c --exclude=./build --exclude=./build-trixie --exclude=./.git --exclude=__pycache__ --exclude=.pytest_cache . \
 		| tar -x -C $(BUILD)/debadmin-$(VERSION)
 	cd $(BUILD)/debadmin-$(VERSION) && dpkg-buildpackage -us -uc
 	rm -rf $(BUILD)/debadmin-$(VERSION)
+	$(call give_back,$(BUILD))
 
 lintian:
+	$(call need,lintian,check-deps)
+	@[ -f $(CHANGES) ] || { echo "make $@: no $(CHANGES): run 'make build' first" >&2; exit 2; }
+	@echo "=== lintian --pedantic $$(lintian --version) on $(CHANGES)"
 	lintian --pedantic --info --display-experimental --fail-on error,warning $(CHANGES)
+	@echo "=== lintian: no errors or warnings"
 
 # The testbed is a fresh $(RELEASE) tree made by mmdebstrap and entered with unshare:
 # the tests install the packages there, not on the host.
 autopkgtest: subids
+	$(call need,autopkgtest mmdebstrap,check-deps)
+	@[ -f $(CHANGES) ] || { echo "make $@: no $(CHANGES): run 'make build' first" >&2; exit 2; }
+	@echo "=== autopkgtest: $(RELEASE) testbed, packages of $(CHANGES)"
 	mmdebstrap --variant=minbase --include=ca-certificates $(RELEASE) $(BUILD)/testbed-$(RELEASE).tar
 	rc=0; autopkgtest --apt-upgrade $(CHANGES) -- \
 		unshare --release $(RELEASE) --tarball $(BUILD)/testbed-$(RELEASE).tar || rc=$$?; \
 		rm -f $(BUILD)/testbed-$(RELEASE).tar; \
 		if [ $$rc -ne 0 ] && [ $$rc -ne 2 ]; then \
-			echo "autopkgtest failed (exit $$rc)"; exit 1; fi
+			echo "autopkgtest $(RELEASE) failed (exit $$rc)"; exit 1; fi; \
+		echo "=== autopkgtest $(RELEASE): passed (exit $$rc: 2 is some tests skipped)"
 
 # autopkgtest-virt-unshare maps root's subordinate ids; a fresh host may have none.
 # The range lies above useradd's SUB_UID_MAX, so it never overlaps a user's. Root's
 # line must come first: bookworm's unshare --map-auto (util-linux 2.38) takes any
 # earlier line whose name is not a number for uid 0 (strtoul("name") == 0).
 subids:
+	$(need_root)
 	for f in /etc/subuid /etc/subgid; do \
 		head -n1 $$f 2>/dev/null | grep -q '^root:' && continue; \
 		{ grep '^root:' $$f 2>/dev/null || echo root:600200000:65536; \
@@ -96,15 +131,42 @@ subids:
 	done
 
 install-debs:
+	$(need_root)
+	@ls build/*.deb >/dev/null 2>&1 || { echo "make $@: no build/*.deb: run 'make build' first" >&2; exit 2; }
 	$(APT) install --reinstall $(patsubst %,./%,$(shell cd $(CURDIR) && ls build/*.deb))
 
 integration:
+	$(need_root)
 	DEBADMIN_DEBS=$(BUILD) tests/integration/run
 
 lint:
+	$(call need,black flake8,check-deps)
 	black --check --line-length 99 lib tests bin
 	flake8 lib tests
 
+# Debian 13 as the README's reader meets it, built once per run: the quick start in a
+# fresh minbase trixie root (tests/integration/quickstart/fresh-root: its build runs the
+# unit tests with trixie's Python 3.13), trixie's lintian on that build, and the
+# autopkgtests in a trixie testbed on the packages built there (kept in build-trixie/).
+TRIXIE := $(CURDIR)/build-trixie
+TRIXIE_SRC := $(TRIXIE)/root/root/debadmin
+trixie: subids
+	$(need_root)
+	$(call need,mmdebstrap systemd-nspawn autopkgtest,check-deps)
+	rm -rf $(TRIXIE)
+	@echo "=== trixie: quick start in a fresh trixie root (build, unit tests with Python 3.13)"
+	tests/integration/quickstart/fresh-root trixie $(TRIXIE)
+	find $(TRIXIE_SRC)/build -maxdepth 1 -type f -exec cp -t $(TRIXIE) {} +
+	@echo "=== trixie: lintian --pedantic on the trixie build"
+	systemd-nspawn -q --register=no --keep-unit --console=pipe -D $(TRIXIE)/root --chdir=/root/debadmin \
+		sh -c '$(APT) install lintian >/dev/null && lintian --version && \
+		lintian --pedantic --info --display-experimental --fail-on error,warning \
+		build/$(notdir $(CHANGES))'
+	@echo "=== trixie: lintian --pedantic: no errors or warnings"
+	rm -rf $(TRIXIE)/root
+	$(MAKE) --no-print-directory autopkgtest RELEASE=trixie BUILD=$(TRIXIE)
+	$(call give_back,$(TRIXIE))
+
 clean:
-	rm -rf $(BUILD) .pytest_cache
+	rm -rf $(BUILD) $(TRIXIE) .pytest_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +
