@@ -95,7 +95,7 @@ ct_make_root() {
             -exec rm -rf {} +
         for f in log/dpkg.log log/apt/history.log log/apt/term.log log/alternatives.log \
             cache/ldconfig/aux-cache log/apt/eipp.log.xz lib/dbus/machine-id cache/debconf/tmp.ci; do
-            rm -f "$dir/var/$f"
+            rm -rf "$dir/var/$f"
         done
         : > "$dir/etc/machine-id"
     ' sh "$dir" "$pkgs" "${hooks[@]}" || fail "installing $pkgs into the $release tree"
