@@ -474,6 +474,8 @@ def test_missing_varstore(tmp_path, capsys):
     ],
 )
 def test_real_ovmf_varstores(capsys, name, status, verdict):
+    if not (OVMF / name).exists():  # trixie's ovmf ships the 4M varstores only
+        pytest.skip(f"{name} is not in this release's ovmf")
     rc, doc = run_json(capsys, "--varstore", str(OVMF / name))
     assert rc == status and doc["reports"][0]["verdict"] == verdict
 
