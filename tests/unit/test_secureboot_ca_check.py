@@ -1142,8 +1142,10 @@ def test_empty_options_mean_defaults(tmp_path, capsys):
 def test_json_fields_are_stable(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
-    assert set(doc) == {"reports", "exit_status"}
+    assert set(doc) == {"reports", "findings", "exit_status"}
     report = doc["reports"][0]
+    # The shared shape (debadmin.findings), all reports' findings in one top-level list.
+    assert doc["findings"] == [{**f, "source": str(efivars)} for f in report["findings"]]
     assert set(report) == {
         "source",
         "secure_boot",
@@ -1188,7 +1190,10 @@ def test_json_fields_are_stable(tmp_path, capsys):
         "in_dbdefault",
     }
     assert set(report["fwupd"]) == {"installed", "version", "minimum", "recent_enough"}
-    assert set(report["findings"][0]) == {"code", "severity", "message"}
+    assert {tuple(f)[:4] for f in report["findings"]} == {
+        ("code", "severity", "subject", "message")
+    }
+    assert {f["subject"] for f in report["findings"]} >= {"KEK", "db"}
 
 
 # --- fuzz ----------------------------------------------------------------------------------------

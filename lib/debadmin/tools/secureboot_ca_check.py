@@ -19,6 +19,7 @@ from debadmin import cli, debver, fsutil
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_rules as rules
 
 PROG = "secureboot-ca-check"
 log = logging.getLogger("debadmin")
@@ -73,14 +74,6 @@ KNOWN_CAS: Dict[str, Tuple[str, str, str]] = {
 # Certificates whose private keys are public: AMI's "DO NOT TRUST" (PKfail), Debian's
 # OVMF snakeoil keys.
 TEST_KEY = re.compile(r"do not (trust|ship)|snakeoil", re.I)
-
-PCR7_WARNING = (
-    "Changing KEK or db changes the TPM's PCR 7: before the update, suspend BitLocker on any "
-    "Windows installation (manage-bde -protectors -disable C:), and after it reseal "
-    "TPM-sealed LUKS keys (systemd-cryptenroll --wipe-slot=tpm2 --tpm2-device=auto "
-    "--tpm2-pcrs=7 DEVICE) or keep a recovery passphrase at hand."
-)
-
 
 # --- certificates ----------------------------------------------------------------------------
 
@@ -318,241 +311,6 @@ def presence(databases: Dict[str, Optional[dict]], known) -> Dict[str, dict]:
     return table
 
 
-def finding(code: str, severity: str, message: str) -> dict:
-    return {"code": code, "severity": severity, "message": message}
-
-
-def assess(report: dict, known) -> None:
-    """Add findings, next steps and the verdict to a report."""
-    dbs = report["variables"]
-    cas = report["microsoft_cas"]
-    findings: List[dict] = []
-    steps: List[str] = []
-
-    def has(ca_id: str, var: str) -> bool:
-        return bool(cas[ca_id][f"in_{var.lower()}"])
-
-    keyed = [c for var in ("KEK", "db") for c in (dbs[var] or {}).get("certificates", [])]
-    managed = any(c["microsoft_ca"] or c["lookalike"] for c in keyed)
-    report["microsoft_managed"] = managed
-
-    test_keys: Dict[str, List[str]] = {}
-    for var in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault"):
-        for cert in (dbs[var] or {}).get("certificates", []):
-            if cert["lookalike"]:
-                severity = "info" if var == "dbx" else "action"
-                findings.append(
-                    finding(
-                        "lookalike",
-                        severity,
-                        f"{var}: '{cert['subject_cn']}' claims to be Microsoft's but its SHA-256 "
-                        f"fingerprint {cert['sha256'][:16]}... is not a known Microsoft CA",
-                    )
-                )
-                if severity == "action":
-                    steps.append(
-                        f"Find out who enrolled the look-alike '{cert['subject_cn']}' in "
-                        f"{var} and remove it (a firmware update or 'restore factory "
-                        "keys' from the machine maker)."
-                    )
-            if cert["test_key"] and var in ("PK", "KEK", "db"):
-                test_keys.setdefault(cert["subject_cn"], []).append(var)
-    for name, where in test_keys.items():
-        findings.append(
-            finding(
-                "test-key",
-                "warning",
-                f"{', '.join(where)}: '{name}' is a publicly known test key: whoever has its "
-                "private key can change the Secure Boot keys",
-            )
-        )
-
-    if report["setup_mode"]:
-        findings.append(
-            finding(
-                "setup-mode", "warning", "the firmware is in Setup Mode: anyone can enrol keys"
-            )
-        )
-
-    kek_missing = managed and not has("kek_2k_ca_2023", "KEK")
-    db_missing = managed and not has("uefi_ca_2023", "db")
-    if kek_missing:
-        findings.append(
-            finding(
-                "kek-2023-missing",
-                "action",
-                "KEK lacks Microsoft Corporation KEK 2K CA 2023: no db or dbx update signed "
-                "after KEK CA 2011 expires (2026-06-24) can be applied",
-            )
-        )
-    if db_missing:
-        findings.append(
-            finding(
-                "db-uefi-ca-2023-missing",
-                "action",
-                "db lacks Microsoft UEFI CA 2023: shims and option ROMs signed only by it "
-                "will not boot",
-            )
-        )
-    if has("uefi_ca_2023", "dbx") or has("kek_2k_ca_2023", "dbx"):
-        findings.append(finding("ca-2023-revoked", "action", "dbx revokes a 2023 Microsoft CA"))
-    if (
-        managed
-        and has("windows_production_pca_2011", "db")
-        and not has("windows_uefi_ca_2023", "db")
-    ):
-        findings.append(
-            finding(
-                "db-windows-uefi-ca-2023-missing",
-                "info",
-                "db lacks Windows UEFI CA 2023 (matters only for Windows boot managers)",
-            )
-        )
-    if managed and has("uefi_ca_2011", "db") and not has("option_rom_uefi_ca_2023", "db"):
-        findings.append(
-            finding(
-                "db-option-rom-ca-2023-missing",
-                "info",
-                "db lacks Microsoft Option ROM UEFI CA 2023 (add-in cards whose firmware is "
-                "signed only by it will not initialise)",
-            )
-        )
-    for var in ("KEK", "db"):
-        for cert in (dbs[var] or {}).get("certificates", []):
-            if cert["microsoft_ca"] and cert["expired"]:
-                findings.append(
-                    finding(
-                        "expired",
-                        "info",
-                        f"{var}: {cert['subject_cn']} expired on {cert['not_after'][:10]} "
-                        "(firmware does not check expiry: this alone breaks nothing)",
-                    )
-                )
-    lacking_defaults = []
-    if managed:
-        for var, ca_id in (("KEKDefault", "kek_2k_ca_2023"), ("dbDefault", "uefi_ca_2023")):
-            if dbs[var] is not None and not has(ca_id, var):
-                lacking_defaults.append(f"{var} lacks {known_name(known, ca_id)}")
-    if lacking_defaults:
-        findings.append(
-            finding(
-                "defaults-lack-2023",
-                "warning",
-                "; ".join(lacking_defaults) + ": 'restore factory keys' in the firmware setup "
-                "would drop the 2023 certificates again",
-            )
-        )
-
-    uefi_ca_2011 = [fp for fp, (ca_id, _n, _h) in known.items() if ca_id == "uefi_ca_2011"]
-    for shim in report["shims"] if report["secure_boot_active"] else []:
-        if not shim["accepted"]:
-            why = refusal(shim)
-            findings.append(
-                finding(
-                    "shim-not-accepted",
-                    "action" if managed else "warning",
-                    f"{shim['path']} would not boot with this firmware: {why}",
-                )
-            )
-        elif (
-            managed
-            and not shim["hash_in_db"]
-            and {
-                fp
-                for sig in shim["signatures"]
-                if sig["accepted"]
-                for fp in sig["chains_to_db_sha256"]
-            }
-            <= set(uefi_ca_2011)
-        ):
-            findings.append(
-                finding(
-                    "shim-2011-only",
-                    "info",
-                    f"{shim['path']} boots only through Microsoft Corporation UEFI CA 2011",
-                )
-            )
-
-    fwupd = report["fwupd"]
-    if kek_missing or db_missing:
-        if report["source"]["kind"] == "varstore":
-            steps.append(
-                "For this virtual machine: update the ovmf package and recreate the "
-                "VM's NVRAM from a template that holds the 2023 certificates, or run "
-                "fwupd inside the VM."
-            )
-        if not fwupd["installed"]:
-            steps.append(f"Install fwupd {FWUPD_MINIMUM} or later: apt install fwupd")
-        elif not fwupd["recent_enough"]:
-            steps.append(
-                f"Upgrade fwupd ({fwupd['version']}) to {FWUPD_MINIMUM} or later: "
-                "apt install fwupd"
-            )
-        steps.append(
-            "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
-            "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database')."
-        )
-        if kek_missing:
-            steps.append(
-                "The KEK update must be signed by the machine maker's platform key: "
-                "if LVFS offers none for this machine, install the maker's firmware "
-                "(BIOS) update; enrolling by hand (efitools) is the last resort."
-            )
-        if db_missing and has("kek_ca_2011", "KEK"):
-            steps.append(
-                "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
-                "which this machine has: it can be applied now."
-            )
-        steps.append(PCR7_WARNING)
-    if lacking_defaults:
-        steps.append(
-            "Do not use 'restore factory keys' in the firmware setup until a "
-            "firmware update from the maker brings 2023 defaults."
-        )
-    if any(f["code"] == "shim-not-accepted" and f["severity"] == "action" for f in findings):
-        steps.append(
-            "Do not reboot into the new shim before db holds a CA it chains to "
-            "(Microsoft UEFI CA 2023 or 2011)."
-        )
-    if any(f["code"] == "test-key" for f in findings):
-        steps.append(
-            "Ask the machine maker for a firmware update with a real platform key, "
-            "or enrol your own PK, KEK and db."
-        )
-
-    report["findings"] = findings
-    report["next_steps"] = steps
-    if not report["secure_boot_active"]:
-        report["verdict"], report["exit_status"] = "not-applicable", EXIT_NOT_APPLICABLE
-    elif any(f["severity"] == "action" for f in findings):
-        report["verdict"], report["exit_status"] = "action-needed", EXIT_ACTION
-    else:
-        report["verdict"], report["exit_status"] = "ok", EXIT_OK
-
-
-def refusal(shim: dict) -> str:
-    """Why the firmware refuses a shim, in the order edk2 checks."""
-    sigs = shim["signatures"]
-    revoked = [s for s in sigs if s["revoked_by_dbx"] and s["digest_matches"]]
-    if shim["hash_in_dbx"]:
-        return "dbx revokes its Authenticode hash"
-    if revoked:
-        names = ", ".join(n for s in revoked for n in s["revoked_by_dbx"])
-        return (
-            f"dbx revokes {names}, which signature {revoked[0]['index']} carries or chains "
-            "to, and the firmware refuses an image when any of its signatures is revoked"
-        )
-    if not sigs:
-        return "it is not signed and db does not hold its hash"
-    if not any(s["digest_matches"] for s in sigs):
-        return "no signature covers this image (changed after signing?)"
-    return "no signature chains to a certificate in db"
-
-
-def known_name(known, ca_id: str) -> str:
-    return next(name for (i, name, _home) in known.values() if i == ca_id)
-
-
 def build_report(
     kind: str,
     path: str,
@@ -601,7 +359,7 @@ def build_report(
         "shims": [check_shim(image, databases, now, known) for image in images],
         "fwupd": fwupd_status(root),
     }
-    assess(report, known)
+    rules.assess(report, known)
     for database in databases.values():
         if database is not None:
             database.pop("_entries", None)
@@ -846,6 +604,15 @@ def combined_status(reports: List[dict]) -> int:
     return EXIT_NOT_APPLICABLE
 
 
+def json_document(reports: List[dict], status: int) -> dict:
+    """The --json document: every report, and all their findings in one list, each
+    with the path of the source it is about."""
+    findings = [
+        {**f, "source": report["source"]["path"]} for report in reports for f in report["findings"]
+    ]
+    return {"reports": reports, "findings": findings, "exit_status": status}
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     now = datetime.datetime.utcnow()
     quiet = getattr(args, "verbosity", 0) == -1
@@ -865,7 +632,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         # Before the report: a failure to write the metric then prints one error line only.
         write_metrics(textfile, reports, status)
     if args.json:
-        emit_json({"reports": reports, "exit_status": status})
+        emit_json(json_document(reports, status))
     else:
         print("\n".join(render_text(r, quiet) for r in reports), end="")
     return status
