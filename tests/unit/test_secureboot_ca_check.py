@@ -1,5 +1,6 @@
 """Unit tests for secureboot-ca-check: parsers on real and generated inputs, verdicts, fuzz."""
 
+import base64
 import datetime
 import hashlib
 import json
@@ -1311,3 +1312,264 @@ def test_oversized_varstore_and_pe_are_refused_unread(tmp_path, monkeypatch):
         efi.read_varstore(big)
     with pytest.raises(Error, match=r"big: larger than 1 MiB, not a boot loader$"):
         efi.read_pe(big)
+
+
+# --- messy real firmware (issue 13) --------------------------------------------------------------
+
+
+def tlv(tag: int, content: bytes) -> bytes:
+    size = len(content)
+    if size < 0x80:
+        return bytes([tag, size]) + content
+    raw = size.to_bytes((size.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(raw)]) + raw + content
+
+
+def der_integer(value: int) -> bytes:
+    return tlv(
+        0x02, value.to_bytes((value + (value < 0)).bit_length() // 8 + 1, "big", signed=True)
+    )
+
+
+def odd_cert(cn: str, country: str = "USA", serial: int = -5) -> bytes:
+    """A DER certificate as some real firmware carries: a three-letter country name and a
+    negative serial number, which python3-cryptography parses only with warnings (and
+    whose builder refuses to make), so it is encoded here by hand and signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    ecdsa_sha256 = tlv(0x30, bytes.fromhex("06082a8648ce3d040302"))
+    name = tlv(
+        0x30,
+        tlv(0x31, tlv(0x30, bytes.fromhex("0603550406") + tlv(0x13, country.encode())))
+        + tlv(0x31, tlv(0x30, bytes.fromhex("0603550403") + tlv(0x0C, cn.encode()))),
+    )
+    spki = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    validity = tlv(0x30, tlv(0x17, b"200101000000Z") + tlv(0x17, b"400101000000Z"))
+    tbs = tlv(
+        0x30,
+        tlv(0xA0, der_integer(2))
+        + der_integer(serial)
+        + ecdsa_sha256
+        + name
+        + validity
+        + name
+        + spki,
+    )
+    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    return tlv(0x30, tbs + ecdsa_sha256 + tlv(0x03, b"\0" + signature))
+
+
+def pem_text(der: bytes, label: str = "NEW CERTIFICATE REQUEST") -> bytes:
+    """PEM text as one real board stores its PK inside an X.509 signature list."""
+    body = base64.encodebytes(der).replace(b"\n", b"")
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return b"\r\n".join(
+        [f"-----BEGIN {label}-----".encode(), *lines, f"-----END {label}-----".encode(), b""]
+    )
+
+
+def supermicro_variables() -> dict:
+    """Shaped like the dump of the real Supermicro board: a PEM PK with a country "USA" and
+    a negative serial, KEK with an unparseable entry among good ones, db with odd padding
+    after one certificate and zero bytes after its last list."""
+    own, kek_2011 = [
+        e.cert.public_bytes(serialization.Encoding.DER)
+        for e in efi.parse_signature_lists((REAL / "ovmf-ms-KEK.esl").read_bytes(), "KEK")
+    ]
+    garbage = b"\x30\x82\x01\x00" + b"\x5a" * (len(kek_2011) - 4)
+    uefi_2011 = (REAL / "microsoft-uefi-ca-2011.der").read_bytes()
+    return ms_variables(
+        PK=esl(efi.CERT_X509, [pem_text(odd_cert("Supermicro PK"))], owner=efi.GLOBAL_GUID),
+        KEK=cert_esl(x509.load_der_x509_certificate(own))
+        + esl(efi.CERT_X509, [garbage, kek_2011]),
+        db=esl(efi.CERT_X509, [uefi_2011 + b"\xff" * 12]) + b"\0" * 12,
+    )
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_messy_firmware_gets_a_verdict_and_findings(tmp_path, capsys, quiet):
+    efivars = write_efivars(tmp_path / "efivars", supermicro_variables())
+    argv = ["--efivars", str(efivars), "--root", str(tmp_path)] + ["--quiet"] * quiet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a library warning would be an exception here
+        rc, out, err = run(capsys, *argv)
+        assert rc == 1 and err == "" and "Verdict: action needed" in out
+        rc, doc = run_json(capsys, *argv)
+    report = doc["reports"][0]
+    found = {(f["code"], f["subject"]): f for f in report["findings"]}
+    # The verdict comes from what could be read: KEK and db lack the 2023 CAs.
+    assert found[("kek-2023-missing", "KEK")]["severity"] == "action"
+    assert found[("db-uefi-ca-2023-missing", "db")]["severity"] == "action"
+    assert report["microsoft_cas"]["kek_ca_2011"]["in_kek"]
+    assert report["microsoft_cas"]["uefi_ca_2011"]["in_db"]
+    # Each oddity is a finding on its variable.
+    assert "BEGIN NEW CERTIFICATE REQUEST" in found[("pem-entry", "PK")]["message"]
+    assert found[("pk-unusable", "PK")]["severity"] == "warning"
+    assert "Country names" in found[("x509-warning", "PK")]["message"] or "length" in (
+        found[("x509-warning", "PK")]["message"]
+    )
+    assert (
+        "list 2 at byte 1005: entry 1 is not a DER X.509"
+        in found[("unreadable", "KEK")]["message"]
+    )
+    assert "12 bytes of other data" in found[("trailing-data", "db")]["message"]
+    assert found[("padding", "db")]["severity"] == "info"
+    # The PEM PK names the owner but is no usable certificate.
+    assert report["pk_owner"] == "Supermicro PK"
+    assert report["variables"]["PK"]["certificates"] == []
+    assert any("PK is not a certificate the firmware can use" in s for s in report["next_steps"])
+    assert [c["microsoft_ca"] for c in report["variables"]["KEK"]["certificates"]] == [
+        None,
+        "kek_ca_2011",
+    ]
+
+
+def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
+    der = (REAL / "microsoft-uefi-ca-2023.der").read_bytes()
+    entries, problems = efi.read_signature_lists(
+        esl(efi.CERT_X509, [pem_text(der, "CERTIFICATE")])
+        + esl(efi.CERT_X509, [pem_text(der)[:40] + b"!!!!" + pem_text(der)[44:]])
+    )
+    assert [e.usable for e in entries] == [False]
+    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    assert [p.code for p in problems] == ["pem-entry", "unreadable"]
+    # A PEM copy of UEFI CA 2023 in db does not count: firmware cannot use it.
+    efivars = write_efivars(
+        tmp_path / "efivars",
+        ms_variables(
+            db=(REAL / "ovmf-ms-db.esl").read_bytes() + esl(efi.CERT_X509, [pem_text(der)])
+        ),
+    )
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW
+    )
+    assert report["microsoft_cas"]["uefi_ca_2023"]["in_db"] is False
+    assert {"pem-entry", "db-uefi-ca-2023-missing"} <= {f["code"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(
+    "name,data,message",
+    [
+        ("KEK", b"\x27garbage", "KEK: signature list 1 at byte 0: truncated header"),
+        ("db", esl(efi.CERT_X509, [b"\x30\x03abc"]), "db: signature list 1 at byte 0: entry 1"),
+        (
+            "db",
+            guid("01234567-89ab-cdef-0123-456789abcdef")
+            + struct.pack("<III", 60, 0, 32)
+            + b"x" * 32,
+            "unknown signature type",
+        ),
+    ],
+)
+def test_kek_or_db_unreadable_at_all_is_an_error(tmp_path, capsys, name, data, message):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(**{name: data}))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_unreadable_pk_and_dbx_are_findings(tmp_path, capsys):
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(PK=b"\x01\x02\x03", dbx=b"\x00" * 40 + b"\x11")
+    )
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    codes = {(f["code"], f["subject"]) for f in doc["reports"][0]["findings"]}
+    assert rc == 1
+    assert {("unreadable", "PK"), ("pk-unusable", "PK"), ("unreadable", "dbx")} <= codes
+    assert doc["reports"][0]["pk_owner"] is None
+
+
+def test_empty_and_padding_only_variables_are_not_errors(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(dbx=b"\0" * 12))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 1
+    assert ("padding", "dbx") in {(f["code"], f["subject"]) for f in doc["reports"][0]["findings"]}
+
+
+def test_library_warnings_never_reach_stderr(tmp_path, capsys, caplog):
+    """Country "USA" and a negative serial in db (DER): findings and debug lines only."""
+    caplog.set_level(logging.DEBUG, logger="debadmin")
+    odd = odd_cert("Vendor db key")
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + esl(efi.CERT_X509, [odd])
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for argv in ([], ["-q"], ["-v"]):
+            rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path), *argv)
+            assert rc == 1 and "warn" not in err.lower().replace("warning from a library", "")
+            assert "UserWarning" not in err and "Deprecation" not in err
+            if argv != ["-v"]:
+                assert err == ""
+        rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    messages = [f["message"] for f in doc["reports"][0]["findings"] if f["code"] == "x509-warning"]
+    assert any("negative serial" in m for m in messages)
+    assert all("'Vendor db key'" in m for m in messages) and len(messages) == 2
+    assert doc["reports"][0]["variables"]["db"]["certificates"][-1]["serial"] == "-5"
+    # An error on the same input stays one line.
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(b"ZM" + b"\0" * 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = run(
+            capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+        )
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "no MZ header" in err
+
+
+@pytest.mark.parametrize("revoke", ["hash", "certificate"])
+def test_dbx_refusal_names_the_revocation(tmp_path, revoke):
+    """db holds the CA the shim chains to (and the 2011 and 2023 Microsoft CAs): the step
+    is about the revocation, not about waiting for a CA in db."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(image)
+    db = (
+        (REAL / "ovmf-ms-db.esl").read_bytes()
+        + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+        + cert_esl(ca)
+    )
+    dbx = (
+        esl(SHA256_TYPE, [bytes.fromhex(efi.parse_pe(image, "x").sha256)])
+        if revoke == "hash"
+        else cert_esl(ca)
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db, dbx=dbx))
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
+    )
+    refused = [f for f in report["findings"] if f["code"] == "shim-not-accepted"]
+    assert refused and refused[0]["severity"] == "action"
+    named = "its Authenticode hash" if revoke == "hash" else "Owner CA"
+    assert refused[0]["revoked_by"] == named
+    steps = [s for s in report["next_steps"] if str(shim) in s]
+    assert steps and f"dbx revokes {named}" in steps[0]
+    assert not any("before db holds a CA" in s for s in report["next_steps"])
+    # Not revoked, only unknown to db: the old advice stands.
+    efivars = write_efivars(tmp_path / "efivars2", ms_variables())
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
+    )
+    assert any("before db holds a CA" in s for s in report["next_steps"])
+
+
+@pytest.mark.parametrize(
+    "value,status,verdict",
+    [(b"\x00", 3, "not-applicable"), (b"\x01", 1, "action-needed"), (None, 1, "action-needed")],
+)
+def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdict):
+    """edk2's AuthVariableLib: with a PK, SecureBoot follows SecureBootEnable (created as 1
+    when absent); 0, switched off in the firmware setup, does not enforce."""
+    order = [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes()) for n in ("db", "dbx", "KEK", "PK")]
+    if value is not None:
+        order.append(("SecureBootEnable", value, efi.VAR_ADDED, 0x03))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(order))
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    report = doc["reports"][0]
+    assert rc == status and report["verdict"] == verdict
+    assert report["secure_boot"] is (value != b"\x00") and report["setup_mode"] is False
+    disabled = [f for f in report["findings"] if f["code"] == "secure-boot-disabled"]
+    assert bool(disabled) is (value == b"\x00")
+    if disabled:
+        assert disabled[0]["subject"] == "SecureBootEnable"

@@ -12,7 +12,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import apt_pkg
 from cryptography import x509
-from cryptography.utils import CryptographyDeprecationWarning
 from cryptography.x509.oid import NameOID
 
 from debadmin import cli, debver, fsutil
@@ -141,19 +140,50 @@ def describe_database(
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]],
 ) -> Optional[dict]:
+    """The JSON form of a signature database, from what of it can be read.
+
+    Private keys (removed before output): _entries, the entries firmware can use;
+    _unusable, certificates decoded from entries firmware cannot use (PEM text);
+    _problems, what could not be read or is odd, in the shape of a finding.
+    """
     if variable is None:
         return None
-    entries = efi.parse_signature_lists(variable.data, f"{source}: {variable.name}")
+    entries, problems = efi.read_signature_lists(variable.data)
+    for problem in problems:
+        log.debug("%s: %s: %s", printable(source), variable.name, printable(problem.message))
+    usable = [e for e in entries if e.usable]
     return {
         "attributes": variable.attributes,
-        "certificates": [describe_cert(e.cert, now, known, e.owner) for e in entries if e.cert],
+        "certificates": [describe_cert(e.cert, now, known, e.owner) for e in usable if e.cert],
         "hashes": [
             {"type": e.kind, "owner": e.owner, "value": e.data.hex()}
-            for e in entries
+            for e in usable
             if e.cert is None
         ],
-        "_entries": entries,  # removed before output
+        "_entries": usable,
+        "_unusable": [
+            describe_cert(e.cert, now, known, e.owner) for e in entries if not e.usable and e.cert
+        ],
+        "_problems": [
+            {"code": p.code, "severity": p.severity, "message": p.message} for p in problems
+        ],
+        "_read_nothing": bool(variable.data) and not entries,
     }
+
+
+def check_readable(databases: Dict[str, Optional[dict]], source: str) -> None:
+    """Refuse a source whose KEK or db cannot be read at all: no verdict is possible.
+
+    Anything less (one bad entry, PEM text, padding, an unreadable PK or dbx) is a finding
+    and the verdict comes from the rest.
+    """
+    for name in ("KEK", "db"):
+        database = databases[name]
+        if database is None or not database["_read_nothing"]:
+            continue
+        failures = [p for p in database["_problems"] if p["severity"] != "info"]
+        if failures:
+            raise Error(f"{source}: {name}: {failures[0]['message']}")
 
 
 # --- shim ------------------------------------------------------------------------------------
@@ -320,19 +350,73 @@ def build_report(
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS,
 ) -> dict:
-    """The report for one set of firmware variables (efivarfs or a varstore)."""
+    """The report for one set of firmware variables (efivarfs or a varstore).
+
+    The X.509 library warns (a country name of three letters, a negative serial number)
+    each time such a certificate's fields are read: the warnings of the entries became
+    findings when they were read, the rest go to the debug log, never to stderr.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = gather(kind, path, variables, shims, root, now, known)
+        rules.assess(report, known)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        log.debug("%s: warning from a library: %s", printable(path), printable(message))
+    for database in report["variables"].values():
+        for key in [k for k in database or () if k.startswith("_")]:
+            del database[key]
+    del report["_facts"]
+    return report
+
+
+def firmware_state(
+    kind: str, variables: Dict[str, efi.Variable], path: str
+) -> Tuple[Optional[bool], Optional[bool], Optional[int]]:
+    """(SecureBoot, SetupMode, SecureBootEnable's value or None) of a source.
+
+    An NVRAM file has no live SecureBoot variable: it is decided as edk2's AuthVariableLib
+    decides at boot.  User mode when a PK variable exists (whether or not it holds a
+    usable certificate); Secure Boot then enforces unless SecureBootEnable (switched in
+    the firmware setup) exists and is not 1.
+    """
+    if kind != "varstore":
+        return (
+            efi.boolean_variable(variables, "SecureBoot", path),
+            efi.boolean_variable(variables, "SetupMode", path),
+            None,
+        )
+    pk = variables.get("PK")
+    user_mode = pk is not None and bool(pk.data)
+    enable = variables.get("SecureBootEnable")
+    value = (enable.data[0] if enable.data else 0) if enable is not None else None
+    return user_mode and value in (None, 1), not user_mode, value
+
+
+def pk_owner(pk: Optional[dict]) -> Optional[str]:
+    """The first PK certificate's name (one only decoded from PEM text if need be); an
+    empty subject still names an enrolled PK: by its fingerprint then."""
+    certs = (pk["certificates"] + pk["_unusable"]) if pk else []
+    if not certs:
+        return None
+    return certs[0]["subject_cn"] or f"sha256:{certs[0]['sha256']}"
+
+
+def gather(
+    kind: str,
+    path: str,
+    variables: Dict[str, efi.Variable],
+    shims: Sequence[Path],
+    root: Path,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> dict:
+    """What the rules judge: the report's facts, and private ones under _facts."""
     databases = {
         name: describe_database(variables.get(name), path, now, known)
         for name in efi.SIGNATURE_DATABASES
     }
-    pk = databases["PK"]
-    pk_enrolled = bool(pk and pk["certificates"])
-    if kind == "varstore":
-        # An NVRAM file has no live SecureBoot variable: with a PK the firmware enforces.
-        secure_boot, setup_mode = pk_enrolled, not pk_enrolled
-    else:
-        secure_boot = efi.boolean_variable(variables, "SecureBoot", path)
-        setup_mode = efi.boolean_variable(variables, "SetupMode", path)
+    check_readable(databases, path)
+    secure_boot, setup_mode, secure_boot_enable = firmware_state(kind, variables, path)
     images = [efi.read_pe(p) for p in shims]
     for image in images:
         log.debug(
@@ -341,29 +425,25 @@ def build_report(
             image.sha256,
             len(image.signatures),
         )
-    report = {
+    shown = ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
+    return {
         "source": {"kind": kind, "path": path},
         "secure_boot": secure_boot,
         "setup_mode": setup_mode,
         "secure_boot_active": bool(secure_boot) and not setup_mode,
-        # An empty subject still names an enrolled PK: by its fingerprint then.
-        "pk_owner": (
-            (pk["certificates"][0]["subject_cn"] or f"sha256:{pk['certificates'][0]['sha256']}")
-            if pk_enrolled
-            else None
-        ),
-        "variables": {
-            name: databases[name] for name in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
-        },
+        "pk_owner": pk_owner(databases["PK"]),
+        "variables": {name: databases[name] for name in shown},
         "microsoft_cas": presence(databases, known),
         "shims": [check_shim(image, databases, now, known) for image in images],
         "fwupd": fwupd_status(root),
+        "_facts": {
+            "secure_boot_enable": secure_boot_enable,
+            "problems": {name: databases[name]["_problems"] for name in shown if databases[name]},
+            "pk_unusable": bool(databases["PK"])
+            and bool(variables["PK"].data)
+            and not databases["PK"]["certificates"],
+        },
     }
-    rules.assess(report, known)
-    for database in databases.values():
-        if database is not None:
-            database.pop("_entries", None)
-    return report
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -581,11 +661,15 @@ def evaluate(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
     and to scripts: a hostile or unforeseen input must exit 2 with one line instead.
     """
     try:
-        with warnings.catch_warnings():
-            # cryptography warns about e.g. negative serial numbers each time they are read:
-            # hostile input gets a report or one error line, never library warnings.
-            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-            return collect(args, now)
+        with warnings.catch_warnings(record=True) as caught:
+            # Whatever build_report() did not turn into findings: to the debug log, never
+            # to stderr (hostile input gets a report or one error line).
+            warnings.simplefilter("always")
+            try:
+                return collect(args, now)
+            finally:
+                for message in dict.fromkeys(str(w.message) for w in caught):
+                    log.debug("warning from a library: %s", printable(message))
     except Error:
         raise
     except Exception as exc:

@@ -1,25 +1,30 @@
 """Strict parsers for secureboot-ca-check: efivarfs, edk2 varstores, signature lists, PE."""
 
+import base64
 import datetime
 import hashlib
 import os
+import re
 import stat
 import struct
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Tuple
+from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.serialization import pkcs7
+from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
 
 GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 IMAGE_SECURITY_GUID = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"
+# edk2's gEfiSecureBootEnableDisableGuid: SecureBootEnable, set in the firmware setup.
+SECURE_BOOT_ENABLE_GUID = "f0a30bc7-af08-4556-99c4-001009c93a44"
 MICROSOFT_OWNER = "77fa9abd-0359-4d32-bd60-28f4e78f784b"
 
 # (name, vendor GUID) of every variable the report reads.
@@ -34,6 +39,7 @@ VARIABLES: Dict[str, str] = {
     "KEKDefault": GLOBAL_GUID,
     "dbDefault": GLOBAL_GUID,
     "dbxDefault": GLOBAL_GUID,
+    "SecureBootEnable": SECURE_BOOT_ENABLE_GUID,
 }
 SIGNATURE_DATABASES = (
     "PK",
@@ -95,6 +101,28 @@ class Entry:
     owner: str
     data: bytes
     cert: Optional[x509.Certificate] = None
+    # False for a certificate the report could decode but firmware cannot use (PEM text).
+    usable: bool = True
+
+
+@dataclass
+class Problem:
+    """Something in a variable's signature lists that is not as the specification says.
+
+    severity as in debadmin.findings; strict parsing refuses every problem but the
+    harmless ones (STRICT_IGNORES).
+    """
+
+    code: str
+    severity: str
+    message: str
+    strict: Optional[str] = None  # the strict parser's message, when it differs
+
+
+# Zero padding after a DER certificate (some firmware pads up to SignatureSize) and the
+# X.509 library's warnings were accepted by the strict parser from the start.
+STRICT_IGNORES = ("certificate-padding", "x509-warning")
+PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
 
 def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
@@ -104,64 +132,186 @@ def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
     a size that does not fit the type, a non-empty header or an undecodable certificate.
     """
     entries: List[Entry] = []
+    for item in walk_signature_lists(data):
+        if isinstance(item, Entry):
+            if item.usable:
+                entries.append(item)
+        elif item.code not in STRICT_IGNORES:
+            raise Error(f"{what}: {item.strict or item.message}")
+    return entries
+
+
+def read_signature_lists(data: bytes) -> Tuple[List[Entry], List[Problem]]:
+    """The entries of data that can be read, and a Problem for each thing that cannot.
+
+    Real firmware is not spec-clean: PEM text in an X.509 list, padding, one broken entry
+    among good ones.  The firmware skips what it cannot parse, and so does the report.
+    """
+    entries: List[Entry] = []
+    problems: List[Problem] = []
+    for item in walk_signature_lists(data):
+        (entries if isinstance(item, Entry) else problems).append(item)
+    return entries, problems
+
+
+def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
+    """Entries and problems in the order found; a problem in a list's header skips that
+    list when its size is sound, and ends the walk when it is not."""
     offset = 0
     number = 0
     while offset < len(data):
         number += 1
-        where = f"{what}: signature list {number} at byte {offset}"
-        if len(data) - offset < 28:
-            raise Error(f"{where}: truncated header ({len(data) - offset} of 28 bytes)")
+        where = f"signature list {number} at byte {offset}"
+        left = len(data) - offset
+        if left < 28:
+            padding = not data[offset:].strip(b"\0") or not data[offset:].strip(b"\xff")
+            yield Problem(
+                "padding" if padding else "unreadable",
+                "info" if padding else "warning",
+                f"{where}: truncated header ({left} of 28 bytes)"
+                + (", padding" if padding else ", not read"),
+            )
+            return
         type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
-        sig_type = guid_str(type_raw)
-        if sig_type not in SIGNATURE_TYPES:
-            raise Error(f"{where}: unknown signature type {sig_type}")
-        kind, fixed = SIGNATURE_TYPES[sig_type]
-        if list_size > len(data) - offset:
-            raise Error(
-                f"{where}: size {list_size} runs past the end of the data "
-                f"({len(data) - offset} bytes left)"
-            )
-        if header_size != 0:
-            raise Error(f"{where}: header size {header_size} (must be 0 for {kind})")
-        if sig_size <= 16 or (fixed is not None and sig_size != fixed):
-            raise Error(f"{where}: signature size {sig_size} is wrong for {kind}")
-        body = list_size - 28
-        if body <= 0 or body % sig_size:
-            raise Error(
-                f"{where}: list size {list_size} is not a whole number of "
-                f"{sig_size}-byte signatures"
-            )
-        start = offset + 28
-        for index in range(body // sig_size):
-            at = start + index * sig_size
-            owner = guid_str(data[at : at + 16])
-            payload = bytes(data[at + 16 : at + sig_size])
-            entry = Entry(kind, owner, payload)
-            if kind == "x509":
-                try:
-                    # Some firmware pads certificates with zeros up to SignatureSize.
-                    length = der_length(payload)
-                    if length > len(payload) or payload[length:].strip(b"\0"):
-                        raise ValueError("the DER length does not match the entry")
-                    entry.cert = load_certificate(payload[:length])
-                except Exception as exc:  # cryptography raises ValueError and friends
-                    raise Error(
-                        f"{where}: entry {index + 1} is not a DER X.509 "
-                        f"certificate ({exc.__class__.__name__})"
-                    ) from None
-            entries.append(entry)
+        if list_size > left or list_size < 28:
+            rest = f"the remaining {left} bytes are not read"
+            if list_size > left:
+                message = (
+                    f"{where}: size {list_size} runs past the end of the data "
+                    f"({left} bytes left); {rest}"
+                )
+            else:
+                message = (
+                    f"{where}: list size {list_size} is not a whole number of signatures; {rest}"
+                )
+            yield Problem("unreadable", "warning", message)
+            return
+        problem = list_header_problem(guid_str(type_raw), list_size, header_size, sig_size)
+        if problem:
+            yield Problem("unreadable", "warning", f"{where}: {problem}; list skipped")
+        else:
+            yield from list_entries(data, offset, list_size, sig_size, guid_str(type_raw), where)
         offset += list_size
-    return entries
+
+
+def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_size: int):
+    """Why a signature list's header does not fit its type (None: it does)."""
+    if sig_type not in SIGNATURE_TYPES:
+        return f"unknown signature type {sig_type}"
+    kind, fixed = SIGNATURE_TYPES[sig_type]
+    if header_size != 0:
+        return f"header size {header_size} (must be 0 for {kind})"
+    if sig_size <= 16 or (fixed is not None and sig_size != fixed):
+        return f"signature size {sig_size} is wrong for {kind}"
+    body = list_size - 28
+    if body <= 0 or body % sig_size:
+        return f"list size {list_size} is not a whole number of {sig_size}-byte signatures"
+    return None
+
+
+def list_entries(
+    data: bytes, offset: int, list_size: int, sig_size: int, sig_type: str, where: str
+) -> Iterator[Union[Entry, Problem]]:
+    kind = SIGNATURE_TYPES[sig_type][0]
+    start = offset + 28
+    for index in range((list_size - 28) // sig_size):
+        at = start + index * sig_size
+        owner = guid_str(data[at : at + 16])
+        payload = bytes(data[at + 16 : at + sig_size])
+        if kind != "x509":
+            yield Entry(kind, owner, payload)
+            continue
+        yield from x509_entry(payload, owner, f"{where}: entry {index + 1}")
+
+
+def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, Problem]]:
+    """The certificate in one X.509 entry, and what is odd about it."""
+    try:
+        length = der_length(payload)
+        if length > len(payload):
+            raise ValueError("the DER length does not match the entry")
+        cert, caught = load_certificate_recording(payload[:length])
+    except Exception as exc:  # cryptography raises ValueError and friends
+        pem = pem_certificate(payload)
+        if pem is None:
+            yield Problem(
+                "unreadable",
+                "warning",
+                f"{where} is not a DER X.509 certificate ({exc.__class__.__name__}); skipped",
+            )
+            return
+        cert, caught, label = pem
+        yield Problem(
+            "pem-entry",
+            "warning",
+            f"{where} is PEM text ('BEGIN {label}'), not a DER certificate: firmware cannot "
+            f"use '{short_name(cert)}' from it",
+        )
+        yield Entry("x509", owner, payload, cert, usable=False)
+        yield from warning_problems(caught, where, cert)
+        return
+    tail = payload[length:]
+    if tail:
+        zeros = not tail.strip(b"\0")
+        yield Problem(
+            "certificate-padding" if zeros else "trailing-data",
+            "info",
+            f"{where}: {len(tail)} bytes of {'zero padding' if zeros else 'other data'} "
+            "after the certificate",
+            f"{where} is not a DER X.509 certificate (ValueError)",
+        )
+    yield Entry("x509", owner, payload[:length], cert)
+    yield from warning_problems(caught, where, cert)
+
+
+def warning_problems(caught: List[str], where: str, cert: x509.Certificate):
+    for message in caught:
+        yield Problem(
+            "x509-warning",
+            "info",
+            f"{where} ('{short_name(cert)}'): the X.509 library warns: {message}",
+        )
+
+
+def short_name(cert: x509.Certificate) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for oid in (NameOID.COMMON_NAME, NameOID.ORGANIZATION_NAME):
+            values = cert.subject.get_attributes_for_oid(oid)
+            if values:
+                return str(values[0].value)
+        return cert.subject.rfc4514_string()
+
+
+def pem_certificate(payload: bytes):
+    """(certificate, warnings, header label) when payload is PEM text around a DER
+    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)."""
+    match = PEM_BEGIN.search(payload[:256])
+    if not match:
+        return None
+    end = payload.find(b"-----END", match.end())
+    body = payload[match.end() : end if end >= 0 else len(payload)]
+    try:
+        der = base64.b64decode(b"".join(body.split()), validate=True)
+        cert, caught = load_certificate_recording(der[: der_length(der)])
+    except Exception:  # binascii.Error, ValueError and friends
+        return None
+    return cert, caught, match.group(1).decode("ascii")
+
+
+def load_certificate_recording(der: bytes) -> Tuple[x509.Certificate, List[str]]:
+    """load_certificate(), and the distinct warnings the X.509 library gave on the way."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cert = load_certificate(der)
+    return cert, list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def load_certificate(der: bytes) -> x509.Certificate:
     """A DER certificate whose fields the report reads, parsed now (names parse lazily)."""
-    with warnings.catch_warnings():
-        # e.g. "negative serial number": hostile input must not print warnings.
-        warnings.simplefilter("ignore")
-        cert = x509.load_der_x509_certificate(der)
-        cert.subject, cert.issuer, cert.serial_number  # noqa: B018
-        validity(cert)
+    cert = x509.load_der_x509_certificate(der)
+    cert.subject, cert.issuer, cert.serial_number  # noqa: B018
+    validity(cert)
     return cert
 
 

@@ -5,7 +5,7 @@ fwupd) and returns findings in the shared shape (debadmin.findings); next_steps(
 reads the findings, never the variables again.
 """
 
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK
 from debadmin.findings import finding, needs_action
@@ -45,6 +45,38 @@ class Facts:
 
 
 # --- rules: facts -> findings ------------------------------------------------------------------
+
+
+def read_problems(facts: Facts) -> Iterable[Finding]:
+    """What could not be read, or is odd, in each variable (the verdict comes from the rest)."""
+    for var, problems in facts.report["_facts"]["problems"].items():
+        for problem in problems:
+            yield finding(
+                problem["code"], problem["severity"], f"{var}: {problem['message']}", var
+            )
+
+
+def pk_unusable(facts: Facts) -> Iterable[Finding]:
+    if facts.report["_facts"]["pk_unusable"]:
+        yield finding(
+            "pk-unusable",
+            "warning",
+            "PK holds no certificate the firmware can use: no KEK update signed with the "
+            "platform key (as fwupd's are) can be applied",
+            "PK",
+        )
+
+
+def secure_boot_disabled(facts: Facts) -> Iterable[Finding]:
+    value = facts.report["_facts"]["secure_boot_enable"]
+    if value is not None and value != 1 and not facts.report["setup_mode"]:
+        yield finding(
+            "secure-boot-disabled",
+            "info",
+            f"SecureBootEnable is {value}: Secure Boot is switched off in the firmware setup, "
+            "the firmware does not enforce it",
+            "SecureBootEnable",
+        )
 
 
 def lookalikes(facts: Facts) -> Iterable[Finding]:
@@ -175,6 +207,7 @@ def shims(facts: Facts) -> Iterable[Finding]:
                 "action" if facts.managed else "warning",
                 f"{shim['path']} would not boot with this firmware: {refusal(shim)}",
                 shim["path"],
+                revoked_by=revoked_by(shim),
             )
         elif (
             facts.managed
@@ -193,6 +226,14 @@ def shims(facts: Facts) -> Iterable[Finding]:
                 f"{shim['path']} boots only through Microsoft Corporation UEFI CA 2011",
                 shim["path"],
             )
+
+
+def revoked_by(shim: dict) -> Optional[str]:
+    """What dbx revokes that refuses the shim (its hash, or certificates), or None."""
+    if shim["hash_in_dbx"]:
+        return "its Authenticode hash"
+    names = [n for s in shim["signatures"] if s["digest_matches"] for n in s["revoked_by_dbx"]]
+    return ", ".join(dict.fromkeys(names)) or None
 
 
 def refusal(shim: dict) -> str:
@@ -215,6 +256,9 @@ def refusal(shim: dict) -> str:
 
 
 RULES: Tuple[Callable[[Facts], Iterable[Finding]], ...] = (
+    read_problems,
+    pk_unusable,
+    secure_boot_disabled,
     lookalikes,
     test_keys,
     setup_mode,
@@ -245,16 +289,34 @@ def next_steps(facts: Facts, findings: List[Finding]) -> List[str]:
             "Do not use 'restore factory keys' in the firmware setup until a "
             "firmware update from the maker brings 2023 defaults."
         )
-    if any(f["code"] == "shim-not-accepted" and f["severity"] == "action" for f in findings):
-        steps.append(
-            "Do not reboot into the new shim before db holds a CA it chains to "
-            "(Microsoft UEFI CA 2023 or 2011)."
-        )
+    steps += shim_steps(findings)
     if "test-key" in codes:
         steps.append(
             "Ask the machine maker for a firmware update with a real platform key, "
             "or enrol your own PK, KEK and db."
         )
+    return steps
+
+
+def shim_steps(findings: List[Finding]) -> List[str]:
+    """For each refused shim: the revocation when dbx refuses it, else the missing CA."""
+    steps = []
+    refused = [f for f in findings if f["code"] == "shim-not-accepted"]
+    for f in refused:
+        if f["severity"] != "action":
+            continue
+        if f["revoked_by"]:
+            steps.append(
+                f"Do not reboot into {f['subject']}: dbx revokes {f['revoked_by']}, and no "
+                "CA in db changes that. Install a shim that dbx does not revoke (apt install "
+                "shim-signed from the current point release, then check again) before the "
+                "next reboot."
+            )
+        elif not any(s.startswith("Do not reboot into the new shim") for s in steps):
+            steps.append(
+                "Do not reboot into the new shim before db holds a CA it chains to "
+                "(Microsoft UEFI CA 2023 or 2011)."
+            )
     return steps
 
 
@@ -279,7 +341,14 @@ def update_steps(facts: Facts, codes: set) -> List[str]:
         "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
         "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database')."
     )
-    if "kek-2023-missing" in codes:
+    if "kek-2023-missing" in codes and "pk-unusable" in codes:
+        steps.append(
+            "The KEK update must be signed by the platform key, and this machine's PK is "
+            "not a certificate the firmware can use: no signed KEK update can apply. "
+            "Install the maker's firmware (BIOS) update, or clear the keys in the firmware "
+            "setup and enrol a PK of your own, then KEK and db (efitools)."
+        )
+    elif "kek-2023-missing" in codes:
         steps.append(
             "The KEK update must be signed by the machine maker's platform key: "
             "if LVFS offers none for this machine, install the maker's firmware "
