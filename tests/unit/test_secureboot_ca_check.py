@@ -1573,3 +1573,33 @@ def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdi
     assert bool(disabled) is (value == b"\x00")
     if disabled:
         assert disabled[0]["subject"] == "SecureBootEnable"
+
+
+@pytest.mark.parametrize(
+    "cn",
+    [
+        "Micr\u043esoft UEFI CA 2023",  # Cyrillic o
+        "Microsoft UEFI \u0421\u0410 2023",  # Cyrillic CA
+        "Microsoft Corporation \u039a\u0395\u039a 2K CA 2023",  # Greek KEK
+        "M\u0456crosoft Option ROM UEFI CA 2023",  # Ukrainian i
+        "Micr\u00f6soft UEFI CA 2O23",  # an accent, a letter O for the zero
+        "Windows UEFI CA 2\u200b023",  # a zero-width space
+    ],
+)
+def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
+    fake, _ = make_cert(cn, org="Microsoft Corporation")
+    assert sbc.describe_cert(fake, NOW, sbc.KNOWN_CAS)["lookalike"]
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(fake)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    flagged = [f for f in doc["reports"][0]["findings"] if f["code"] == "lookalike"]
+    assert rc == 1 and flagged and flagged[0]["subject"] == "db" and flagged[0]["name"] == cn
+
+
+@pytest.mark.parametrize(
+    "cn",
+    ["\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK", "Microsoft UEFI CA 2024"],
+)
+def test_other_names_are_not_lookalikes(cn):
+    cert, _ = make_cert(cn)
+    assert not sbc.describe_cert(cert, NOW, sbc.KNOWN_CAS)["lookalike"]

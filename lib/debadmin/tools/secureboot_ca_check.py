@@ -81,11 +81,54 @@ def iso(moment: datetime.datetime) -> str:
     return moment.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# Letters of other scripts that look like Latin ones (the Cyrillic and Greek part of
+# Unicode's confusables), and digits that look like letters: a name copied with one of
+# them is still a copy.  Both sides of a comparison go through the same map.
+HOMOGLYPHS = str.maketrans(
+    {
+        **dict.fromkeys("АаＡ", "a"),
+        **dict.fromkeys("ВвЬ", "b"),
+        **dict.fromkeys("Сс", "c"),
+        **dict.fromkeys("ԁ", "d"),
+        **dict.fromkeys("ЕеЁё", "e"),
+        **dict.fromkeys("НнҺһ", "h"),
+        **dict.fromkeys("ІіЇїıΙι1ӏӀlℓ", "l"),
+        **dict.fromkeys("Јј", "j"),
+        **dict.fromkeys("Кк", "k"),
+        **dict.fromkeys("Мм", "m"),
+        **dict.fromkeys("Пп", "n"),
+        **dict.fromkeys("Оо0Οοσ", "o"),
+        **dict.fromkeys("РрΡρ", "p"),
+        **dict.fromkeys("Ԛԛ", "q"),
+        **dict.fromkeys("Ѕѕ", "s"),
+        **dict.fromkeys("ТтΤτ", "t"),
+        **dict.fromkeys("υ", "u"),
+        **dict.fromkeys("ν", "v"),
+        **dict.fromkeys("Ԝԝ", "w"),
+        **dict.fromkeys("ХхΧχ", "x"),
+        **dict.fromkeys("УуҮүΥ", "y"),
+        **dict.fromkeys("Ζ", "z"),
+        **dict.fromkeys("Αα", "a"),
+        **dict.fromkeys("Ββ", "b"),
+        **dict.fromkeys("Εε", "e"),
+        **dict.fromkeys("Ηη", "h"),
+        **dict.fromkeys("Κκ", "k"),
+        **dict.fromkeys("Μ", "m"),
+        **dict.fromkeys("Ν", "n"),
+        "i": "l",  # i, l, 1 and I are told apart by nobody reading a certificate name
+    }
+)
+
+
 def name_key(text: str) -> str:
-    """A name reduced to what a reader compares: no case, spacing, punctuation or
-    compatibility forms ("Microsoft  Corporation KEK-CA 2011" is "microsoftcorporationkekca2011").
-    """
-    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+    """A name reduced to what a reader compares: no case, spacing, punctuation,
+    compatibility forms, accents or look-alike letters of other scripts
+    ("Microsoft  Corporation KEK-CA 2011" and "Міcrоsoft Corporation KEK CA 2011" with
+    Cyrillic letters are both "mlcrosoftcorporatlonkekca2ol1")."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
+    bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+    return "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
 
 
 def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> set:
