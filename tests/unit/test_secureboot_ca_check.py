@@ -1603,3 +1603,69 @@ def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
 def test_other_names_are_not_lookalikes(cn):
     cert, _ = make_cert(cn)
     assert not sbc.describe_cert(cert, NOW, sbc.KNOWN_CAS)["lookalike"]
+
+
+# --- crafted large inputs (timings: bench/secureboot-ca-check) ----------------------------------
+
+
+def test_oversized_variable_in_a_varstore_is_refused(tmp_path, capsys, monkeypatch):
+    """A variable larger than any firmware writes (a crafted 63 MiB dbx) is refused before
+    it is copied or parsed, as in efivarfs."""
+    monkeypatch.setattr(efi, "MAX_VARIABLE", 4096)
+    path = tmp_path / "VARS.fd"
+    big = esl(SHA256_TYPE, [bytes([n % 256]) * 32 for n in range(100)])
+    path.write_bytes(make_varstore([("PK", (REAL / "ovmf-ms-PK.esl").read_bytes()), ("dbx", big)]))
+    rc, out, err = run(capsys, "--varstore", str(path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert f"dbx is {len(big)} bytes, larger than any firmware variable (4096 bytes)" in err
+    # A stale copy that large is passed over, as the firmware passes it over.
+    pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+    path.write_bytes(make_varstore([pk, ("dbx", big, 0x3C), ("dbx", b"")]))
+    assert efi.read_varstore(path)["dbx"].data == b""
+
+
+def test_many_small_variables_are_walked(tmp_path):
+    tiny = [(f"v{n}", b"") for n in range(2000)]
+    pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(tiny + [pk, ("db", b"\x01")], size=0x84000))
+    variables = efi.read_varstore(path)
+    assert sorted(variables) == ["PK", "db"] and variables["db"].data == b"\x01"
+
+
+def test_repeated_signatures_are_decoded_once(tmp_path, monkeypatch):
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    pe = efi.parse_pe(image, "x")
+    table = image[len(minimal_pe()) :]
+    repeated = minimal_pe(table * 50)
+    parsed = efi.parse_pe(repeated, "x")
+    assert len(parsed.signatures) == 50
+    assert len({id(s.certs) for s in parsed.signatures}) == 1
+    shim, _ = shim_report(tmp_path, repeated, db=cert_esl(ca))
+    assert shim["accepted"] and len(shim["signatures"]) == 50
+    assert [s["index"] for s in shim["signatures"]] == list(range(1, 51))
+    assert shim["signatures"][49]["chains_to_db"] == ["Owner CA"]
+    assert pe.signatures[0].digest_algorithm == parsed.signatures[0].digest_algorithm
+    # Different signatures beyond the limit: refused before each is decoded and checked.
+    other = signed_pe(owner_pki("Other")[1])[len(minimal_pe()) :]
+    monkeypatch.setattr(efi, "MAX_SIGNATURES", 1)
+    efi.parse_pe(minimal_pe(table * 3), "x")
+    with pytest.raises(Error, match="more than 1 different signatures, not a boot loader"):
+        efi.parse_pe(minimal_pe(table + other), "x")
+
+
+def test_large_db_and_dbx_are_indexed_not_scanned(tmp_path):
+    """The shim's chain found among hundreds of db certificates, and its revocation among
+    hundreds of dbx certificates and x509_sha256 hashes, in db's order."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    crowd = [make_cert(f"Crowd {n}")[0] for n in range(300)]
+    tbs = [esl(X509_SHA256_TYPE, [bytes([n]) * 32 + b"\0" * 16]) for n in range(200)]
+    db = cert_esl(*crowd[:150], ca, *crowd[150:])
+    shim, _ = shim_report(tmp_path, image, db=db, dbx=cert_esl(*crowd) + b"".join(tbs))
+    assert shim["accepted"] and shim["signatures"][0]["chains_to_db"] == ["Owner CA"]
+    real_tbs = hashlib.sha256(ca.tbs_certificate_bytes).digest()
+    dbx = cert_esl(*crowd) + b"".join(tbs) + esl(X509_SHA256_TYPE, [real_tbs + b"\0" * 16])
+    shim, _ = shim_report(tmp_path, image, "revoked.efi", db=db, dbx=dbx)
+    assert not shim["accepted"] and shim["signatures"][0]["revoked_by_dbx"] == ["Owner CA"]

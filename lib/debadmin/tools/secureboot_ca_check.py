@@ -2,6 +2,8 @@
 
 import argparse
 import datetime
+import functools
+import hashlib
 import logging
 import re
 import time
@@ -131,8 +133,14 @@ def name_key(text: str) -> str:
     return "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
 
 
-def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> set:
-    return {name_key(name) for table in (KNOWN_CAS, known) for _id, name, _home in table.values()}
+def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> frozenset:
+    names = tuple(name for table in (KNOWN_CAS, known) for _id, name, _home in table.values())
+    return name_keys(names)
+
+
+@functools.lru_cache(maxsize=8)
+def name_keys(names: Tuple[str, ...]) -> frozenset:
+    return frozenset(name_key(name) for name in names)
 
 
 def common_name(name: x509.Name) -> str:
@@ -150,30 +158,32 @@ def describe_cert(
     owner: Optional[str] = None,
 ) -> dict:
     """The JSON form of one certificate, with Microsoft CAs identified by fingerprint."""
-    sha256 = efi.fingerprint(cert)
+    der = efi.der(cert)
+    sha256 = hashlib.sha256(der).hexdigest()
     not_before, not_after = efi.validity(cert)
     ca = known.get(sha256)
-    subject = cert.subject.rfc4514_string()
+    # Each property access parses the name again (and repeats the library's warnings).
+    subject_name, issuer_name = cert.subject, cert.issuer
+    subject, issuer = subject_name.rfc4514_string(), issuer_name.rfc4514_string()
+    cn = common_name(subject_name)
     # A look-alike copies the name of one of Microsoft's CAs.  Other certificates that name
     # Microsoft are genuine often enough (Hyper-V's and Windows OEM devices' platform keys)
     # that flagging them would alarm for nothing.
-    copies_name = name_key(common_name(cert.subject)) in lookalike_names(known)
+    copies_name = name_key(cn) in lookalike_names(known)
     return {
         "subject": subject,
-        "subject_cn": common_name(cert.subject),
-        "issuer": cert.issuer.rfc4514_string(),
+        "subject_cn": cn,
+        "issuer": issuer,
         "serial": format(cert.serial_number, "x"),
         "not_before": iso(not_before),
         "not_after": iso(not_after),
         "expired": not_after < now,
         "sha256": sha256,
-        "sha1": efi.fingerprint(cert, "sha1"),
+        "sha1": hashlib.sha1(der).hexdigest(),
         "owner": owner,
         "microsoft_ca": ca[0] if ca else None,
         "lookalike": copies_name and ca is None,
-        "test_key": bool(
-            TEST_KEY.search(subject) or TEST_KEY.search(cert.issuer.rfc4514_string())
-        ),
+        "test_key": bool(TEST_KEY.search(subject) or TEST_KEY.search(issuer)),
     }
 
 
@@ -242,33 +252,55 @@ def default_shims(root: Path) -> List[Path]:
     return found
 
 
+class CertIndex:
+    """db or dbx certificates, indexed for the shim checks: by fingerprint and by subject
+    (so that finding who issued a certificate costs one look-up, not a signature check
+    per certificate of a crafted 3,000-certificate db)."""
+
+    def __init__(self, certs: Sequence[x509.Certificate], hashes: set = frozenset()):
+        self.certs = list(certs)
+        self.order = {id(c): n for n, c in enumerate(self.certs)}
+        self.fingerprints = {efi.fingerprint(c): c for c in self.certs}
+        self.by_subject: Dict[x509.Name, List[x509.Certificate]] = {}
+        for cert in self.certs:
+            self.by_subject.setdefault(cert.subject, []).append(cert)
+        # dbx's x509_sha256/384/512 entries: the hash of a to-be-signed part, then a time.
+        self.tbs: Dict[str, set] = {}
+        for kind, value in hashes:
+            if kind.startswith("x509_"):
+                size = hashlib.new(kind[5:]).digest_size * 2
+                self.tbs.setdefault(kind, set()).add(value[:size])
+
+    def issuers(self, cert: x509.Certificate) -> List[x509.Certificate]:
+        """The certificates here whose key signed cert."""
+        return [c for c in self.by_subject.get(cert.issuer, []) if efi.issued_by(cert, c)]
+
+    def holds(self, cert: x509.Certificate) -> bool:
+        """cert itself is here, as a certificate or as the hash of its to-be-signed part."""
+        return efi.fingerprint(cert) in self.fingerprints or any(
+            tbs in self.tbs.get(kind, ()) for kind, tbs in efi.tbs_hashes(cert).items()
+        )
+
+
 def revocations(
     certs: Sequence[x509.Certificate], dbx_certs: List[x509.Certificate], dbx_hashes: set
 ) -> List[str]:
+    """Names of the certificates among certs that dbx revokes."""
+    return revoked_names(certs, CertIndex(dbx_certs, dbx_hashes))
+
+
+def revoked_names(certs: Sequence[x509.Certificate], dbx: CertIndex) -> List[str]:
     """Names of the certificates among certs that dbx revokes.
 
     A dbx certificate revokes itself and whatever it issued (edk2 verifies the signature
     with each dbx certificate as the trust anchor); an x509_sha256/384/512 entry revokes the
     certificate whose to-be-signed part has that hash.
     """
-    dbx_fps = {efi.fingerprint(c) for c in dbx_certs}
     revoked: List[str] = []
-
-    def add(name: str) -> None:
-        if name not in revoked:
-            revoked.append(name)
-
     for cert in certs:
-        if efi.fingerprint(cert) in dbx_fps or any(
-            value.startswith(tbs)
-            for kind, tbs in efi.tbs_hashes(cert).items()
-            for entry_kind, value in dbx_hashes
-            if entry_kind == kind
-        ):
-            add(display_name(cert))
-        for revoker in dbx_certs:
-            if efi.issued_by(cert, revoker):
-                add(display_name(revoker))
+        names = [display_name(cert)] if dbx.holds(cert) else []
+        names += [display_name(revoker) for revoker in dbx.issuers(cert)]
+        revoked += [name for name in names if name not in revoked]
     return revoked
 
 
@@ -292,10 +324,10 @@ def check_shim(
     """
     db_entries = (databases.get("db") or {}).get("_entries", [])
     dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
-    db_certs = [e.cert for e in db_entries if e.cert]
     db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
-    dbx_certs = [e.cert for e in dbx_entries if e.cert]
     dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
+    db = CertIndex([e.cert for e in db_entries if e.cert])
+    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
     # edk2 hashes an unsigned image with SHA-256, a signed one with each signature's
     # algorithm.
     algorithms = {"sha256"} | {s.digest_algorithm for s in image.signatures if s.digest_found}
@@ -303,27 +335,14 @@ def check_shim(
     hash_revoked = bool(image_hashes & dbx_hashes)
     hash_allowed = bool(image_hashes & db_hashes)
     signatures = []
+    # A crafted image repeats one signature thousands of times: parse_pe gives repeats
+    # the same certificate list, and each distinct one is judged once.
+    judged: Dict[tuple, dict] = {}
     for sig in image.signatures:
-        anchors: List[x509.Certificate] = []
-        for anchor in db_certs:
-            if anchor not in anchors and any(
-                efi.fingerprint(anchor) == efi.fingerprint(cert) or efi.issued_by(cert, anchor)
-                for cert in sig.certs
-            ):
-                anchors.append(anchor)
-        revoked_by = revocations(list(sig.certs) + anchors, dbx_certs, dbx_hashes)
-        signatures.append(
-            {
-                "index": sig.index,
-                "certificates": [describe_cert(c, now, known) for c in sig.certs],
-                "digest_algorithm": sig.digest_algorithm,
-                "digest_matches": sig.digest_found,
-                "chains_to_db": [display_name(a) for a in anchors],
-                "chains_to_db_sha256": [efi.fingerprint(a) for a in anchors],
-                "revoked_by_dbx": revoked_by,
-                "accepted": bool(anchors) and not revoked_by and sig.digest_found,
-            }
-        )
+        key = (id(sig.certs), sig.digest_algorithm)
+        if key not in judged:
+            judged[key] = judge_signature(sig, db, dbx, now, known)
+        signatures.append({"index": sig.index, **judged[key]})
     # A revoked signature that does not cover the image is not checked against dbx by
     # edk2 (its Authenticode verification fails first): it neither accepts nor refuses.
     signature_revoked = any(s["revoked_by_dbx"] and s["digest_matches"] for s in signatures)
@@ -336,6 +355,32 @@ def check_shim(
         "accepted": not hash_revoked
         and not signature_revoked
         and (hash_allowed or any(s["accepted"] for s in signatures)),
+    }
+
+
+def judge_signature(
+    sig: efi.Signature,
+    db: CertIndex,
+    dbx: CertIndex,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> dict:
+    """One signature's part of check_shim(): what it chains to in db, what dbx revokes."""
+    found = {}
+    for cert in sig.certs:
+        same = db.fingerprints.get(efi.fingerprint(cert))
+        for anchor in ([same] if same is not None else []) + db.issuers(cert):
+            found[id(anchor)] = anchor
+    anchors = sorted(found.values(), key=lambda a: db.order[id(a)])  # in db's order
+    revoked_by = revoked_names(list(sig.certs) + anchors, dbx)
+    return {
+        "certificates": [describe_cert(c, now, known) for c in sig.certs],
+        "digest_algorithm": sig.digest_algorithm,
+        "digest_matches": sig.digest_found,
+        "chains_to_db": [display_name(a) for a in anchors],
+        "chains_to_db_sha256": [efi.fingerprint(a) for a in anchors],
+        "revoked_by_dbx": revoked_by,
+        "accepted": bool(anchors) and not revoked_by and sig.digest_found,
     }
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.serialization import pkcs7
+from cryptography.hazmat.primitives.serialization import Encoding, pkcs7
 from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
@@ -84,6 +83,10 @@ DIGESTS = ("sha256", "sha1", "sha384", "sha512")
 MAX_VARIABLE = 1 << 20  # no firmware variable comes near 1 MiB
 MAX_VARSTORE = 64 << 20
 MAX_PE = 64 << 20
+# Debian's shim has two signatures; thousands of different ones are a crafted image,
+# refused before the certificates of each are decoded and checked against db and dbx
+# (repeats of one cost nothing: parse_pe decodes each distinct signature once).
+MAX_SIGNATURES = 64
 
 
 def guid_str(raw: bytes) -> str:
@@ -425,6 +428,32 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     entry in the VAR_ADDED state counts, else the last one in VAR_ADDED &
     VAR_IN_DELETED_TRANSITION (an update interrupted before the new copy was complete).
     """
+    start, end, authenticated = parse_store_header(data, source)
+    added: Dict[str, tuple] = {}
+    in_transition: Dict[str, tuple] = {}
+    for copy in walk_variables(data, start, end, authenticated, source):
+        offset, state, attributes, name, data_at, data_size = copy
+        if name not in added:
+            (added if state == VAR_ADDED else in_transition)[name] = copy
+    variables = {}
+    # Only the copies the firmware uses: a stale one it passes over may be anything.
+    for offset, _state, attributes, name, data_at, data_size in {
+        **in_transition,
+        **added,
+    }.values():
+        if data_size > MAX_VARIABLE:
+            raise Error(
+                f"{source}: variable at byte {offset}: {name} is {data_size} bytes, "
+                f"larger than any firmware variable ({MAX_VARIABLE} bytes)"
+            )
+        check_attributes(name, attributes, source)
+        data_copy = data[data_at : data_at + data_size]
+        variables[name] = Variable(name, VARIABLES[name], attributes, data_copy)
+    return variables
+
+
+def parse_store_header(data: bytes, source: str) -> Tuple[int, int, bool]:
+    """(offset of the first variable, end of the store, authenticated) of an NVRAM image."""
     if len(data) < 0x48:
         raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
     (
@@ -456,13 +485,8 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     store_guid, store_size, store_format, store_state = struct.unpack_from(
         "<16sIBB", data, header_length
     )
-    store_guid = guid_str(store_guid)
-    if store_guid == AUTH_VARIABLE_GUID:
-        authenticated = True
-    elif store_guid == PLAIN_VARIABLE_GUID:
-        authenticated = False
-    else:
-        raise Error(f"{source}: unknown variable store signature {store_guid}")
+    if guid_str(store_guid) not in (AUTH_VARIABLE_GUID, PLAIN_VARIABLE_GUID):
+        raise Error(f"{source}: unknown variable store signature {guid_str(store_guid)}")
     if store_format != STORE_FORMATTED or store_state != STORE_HEALTHY:
         raise Error(
             f"{source}: variable store is not formatted and healthy "
@@ -470,68 +494,61 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         )
     if store_size < 28 or header_length + store_size > fv_length:
         raise Error(f"{source}: variable store size {store_size} exceeds the volume")
-    end = header_length + store_size
-    header_size = 60 if authenticated else 32
-    offset = (header_length + 28 + 3) & ~3
-    wanted = {(name, guid) for name, guid in VARIABLES.items()}
-    variables: Dict[str, Variable] = {}
-    in_transition: Dict[str, Variable] = {}
+    start = (header_length + 28 + 3) & ~3
+    return start, header_length + store_size, guid_str(store_guid) == AUTH_VARIABLE_GUID
+
+
+AUTH_HEADER = struct.Struct("<HBBIQ16sIII16s")
+PLAIN_HEADER = struct.Struct("<HBBIII16s")
+# The variables the report reads, as a varstore spells them: UTF-16 name with its NUL,
+# and vendor GUID bytes (a million headers are matched without decoding one).
+WANTED_RAW = {
+    ((name + "\0").encode("utf-16-le"), uuid.UUID(guid).bytes_le): name
+    for name, guid in VARIABLES.items()
+}
+
+
+def walk_variables(
+    data: bytes, offset: int, end: int, authenticated: bool, source: str
+) -> Iterator[Tuple[int, int, int, str, int, int]]:
+    """(offset, state, attributes, name, data offset, data size) of each valid copy
+    (VAR_ADDED or VAR_ADDED & VAR_IN_DELETED_TRANSITION) of a variable the report reads.
+
+    Every header is checked; the loop is kept lean because a crafted 64 MiB store holds
+    a million of them.
+    """
+    header = AUTH_HEADER if authenticated else PLAIN_HEADER
+    header_size = header.size
+    unpack = header.unpack_from
+    valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
     while offset + header_size <= end:
-        start_id = struct.unpack_from("<H", data, offset)[0]
-        if start_id == 0xFFFF:
-            break  # the erased rest of the store
-        if start_id != VAR_START_ID:
+        fields = unpack(data, offset)
+        if fields[0] != VAR_START_ID:
+            if fields[0] == 0xFFFF:
+                return  # the erased rest of the store
             raise Error(
-                f"{source}: corrupt variable header at byte {offset} " f"(start 0x{start_id:04x})"
+                f"{source}: corrupt variable header at byte {offset} (start 0x{fields[0]:04x})"
             )
-        if authenticated:
-            (
-                _sid,
-                state,
-                _r,
-                attributes,
-                _count,
-                _time,
-                _pki,
-                name_size,
-                data_size,
-                vendor,
-            ) = struct.unpack_from("<HBBIQ16sIII16s", data, offset)
-        else:
-            _sid, state, _r, attributes, name_size, data_size, vendor = struct.unpack_from(
-                "<HBBIII16s", data, offset
-            )
-        where = f"{source}: variable at byte {offset}"
+        # Both header layouts end in NameSize, DataSize, VendorGuid.
+        state, attributes = fields[1], fields[3]
+        name_size, data_size, vendor = fields[-3:]
         if name_size < 2 or name_size % 2 or name_size > 1024:
-            raise Error(f"{where}: bad name size {name_size}")
-        name_at = offset + header_size
-        data_at = name_at + name_size
+            raise Error(f"{source}: variable at byte {offset}: bad name size {name_size}")
+        data_at = offset + header_size + name_size
         if data_size > end - data_at or data_at > end:
-            raise Error(f"{where}: data size {data_size} runs past the variable store")
-        raw_name = data[name_at:data_at]
-        if raw_name[-2:] != b"\0\0":
-            raise Error(f"{where}: name is not NUL-terminated")
-        try:
-            name = raw_name[:-2].decode("utf-16-le")
-        except UnicodeDecodeError:
-            raise Error(f"{where}: name is not UTF-16") from None
-        guid = guid_str(vendor)
-        valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
-        if state in valid and (name, guid) in wanted and name not in variables:
-            variable = Variable(name, guid, attributes, bytes(data[data_at : data_at + data_size]))
-            if state == VAR_ADDED:
-                variables[name] = variable
-            else:
-                in_transition[name] = variable
+            raise Error(
+                f"{source}: variable at byte {offset}: data size {data_size} runs past the "
+                "variable store"
+            )
+        if data[data_at - 2 : data_at] != b"\0\0":
+            raise Error(f"{source}: variable at byte {offset}: name is not NUL-terminated")
+        if state in valid:
+            name = WANTED_RAW.get((data[offset + header_size : data_at], vendor))
+            if name is not None:
+                yield offset, state, attributes, name, data_at, data_size
         offset = (data_at + data_size + 3) & ~3
-    else:
-        if offset < end and data[offset:end].strip(b"\xff"):
-            raise Error(f"{source}: truncated variable header at byte {offset}")
-    chosen = {**in_transition, **variables}
-    # Only the copies the firmware uses: a stale one it passes over may be anything.
-    for variable in chosen.values():
-        check_attributes(variable.name, variable.attributes, source)
-    return chosen
+    if offset < end and data.count(b"\xff", offset, end) != end - offset:
+        raise Error(f"{source}: truncated variable header at byte {offset}")
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
@@ -662,6 +679,9 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     )
     offset = cert_offset
     index = 0
+    # Repeats of one signature (a crafted image has thousands) are decoded once and share
+    # their certificate list.
+    parsed: Dict[bytes, List[x509.Certificate]] = {}
     while cert_size and offset < cert_offset + cert_size:
         index += 1
         where = f"{source}: WIN_CERTIFICATE {index} at byte {offset}"
@@ -675,20 +695,32 @@ def parse_pe(data: bytes, source: str) -> PeImage:
         if cert_type != 2:
             raise Error(f"{where}: type {cert_type} is not PKCS#7 SignedData (2)")
         blob = data[offset + 8 : offset + length]
-        try:
-            blob = blob[: der_length(blob)]
-            with warnings.catch_warnings():
-                # e.g. "negative serial number": hostile input must not print warnings.
-                warnings.simplefilter("ignore")
-                certs = pkcs7.load_der_pkcs7_certificates(bytes(blob))
-        except Exception as exc:  # cryptography raises ValueError and friends
-            raise Error(
-                f"{where}: not a PKCS#7 SignedData structure " f"({exc.__class__.__name__})"
-            ) from None
+        if blob not in parsed:
+            if len(parsed) == MAX_SIGNATURES:
+                raise Error(
+                    f"{source}: more than {MAX_SIGNATURES} different signatures, "
+                    "not a boot loader"
+                )
+            parsed[blob] = signed_certificates(blob, where)
+        certs = parsed[blob]
         algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
-        image.signatures.append(Signature(index, list(certs), algorithm))
+        image.signatures.append(Signature(index, certs, algorithm))
         offset += (length + 7) & ~7
     return image
+
+
+def signed_certificates(blob: bytes, where: str) -> List[x509.Certificate]:
+    """The certificates a WIN_CERTIFICATE's PKCS#7 SignedData carries."""
+    try:
+        blob = blob[: der_length(blob)]
+        with warnings.catch_warnings():
+            # e.g. "negative serial number": hostile input must not print warnings.
+            warnings.simplefilter("ignore")
+            return list(pkcs7.load_der_pkcs7_certificates(bytes(blob)))
+    except Exception as exc:  # cryptography raises ValueError and friends
+        raise Error(
+            f"{where}: not a PKCS#7 SignedData structure ({exc.__class__.__name__})"
+        ) from None
 
 
 def read_pe(path: Path) -> PeImage:
@@ -723,8 +755,13 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
+def der(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(Encoding.DER)
+
+
 def fingerprint(cert: x509.Certificate, algorithm: str = "sha256") -> str:
-    return cert.fingerprint(hashes.SHA1() if algorithm == "sha1" else hashes.SHA256()).hex()
+    # hashlib over the DER: several times faster than cryptography's hash objects.
+    return hashlib.new(algorithm, der(cert)).hexdigest()
 
 
 def tbs_hashes(cert: x509.Certificate) -> Dict[str, str]:
