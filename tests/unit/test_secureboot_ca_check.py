@@ -1669,3 +1669,33 @@ def test_large_db_and_dbx_are_indexed_not_scanned(tmp_path):
     dbx = cert_esl(*crowd) + b"".join(tbs) + esl(X509_SHA256_TYPE, [real_tbs + b"\0" * 16])
     shim, _ = shim_report(tmp_path, image, "revoked.efi", db=db, dbx=dbx)
     assert not shim["accepted"] and shim["signatures"][0]["revoked_by_dbx"] == ["Owner CA"]
+
+
+# --- hosts without UEFI (issue 11) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_no_uefi_is_an_info_line_not_an_error(tmp_path, capsys, quiet):
+    """The weekly service runs with --quiet and logs what it prints: on a BIOS host that
+    is a verdict (exit 3), never 'error:'."""
+    rc, out, err = run(capsys, "--root", str(tmp_path), *quiet)
+    assert rc == 3 and out == ""
+    assert err == (
+        f"secureboot-ca-check: {tmp_path / sbc.EFIVARS} does not exist: this system did not "
+        "boot with UEFI (or efivarfs is not mounted)\n"
+    )
+    assert "error" not in err
+
+
+def test_no_uefi_json_is_a_document(tmp_path, capsys):
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    rc, out, err = run(capsys, "--json", "--root", str(tmp_path), "--textfile-dir", str(textfile))
+    doc = json.loads(out)
+    assert rc == doc["exit_status"] == 3 and err == ""
+    assert doc["applicable"] is False and "did not boot with UEFI" in doc["reason"]
+    assert doc["reports"] == []
+    assert doc["findings"] == [
+        {"code": "no-uefi", "severity": "info", "subject": None, "message": doc["reason"]}
+    ]
+    assert "secureboot_ca_check_status 3\n" in (textfile / sbc.TEXTFILE_NAME).read_text()

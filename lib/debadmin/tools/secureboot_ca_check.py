@@ -6,6 +6,7 @@ import functools
 import hashlib
 import logging
 import re
+import sys
 import time
 import unicodedata
 import warnings
@@ -18,6 +19,7 @@ from cryptography.x509.oid import NameOID
 
 from debadmin import cli, debver, fsutil
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
+from debadmin.findings import finding
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
 from debadmin.tools import secureboot_ca_check_rules as rules
@@ -785,12 +787,34 @@ def json_document(reports: List[dict], status: int) -> dict:
     return {"reports": reports, "findings": findings, "exit_status": status}
 
 
+def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Error) -> int:
+    """No UEFI here: a verdict, not an error.  One info line on stderr (the weekly
+    service logs it as such, -q or not), or with --json a document saying so."""
+    if textfile:
+        write_metrics(textfile, [], exc.code)
+    if args.json:
+        emit_json(
+            {
+                "applicable": False,
+                "reason": str(exc),
+                "reports": [],
+                "findings": [finding("no-uefi", "info", str(exc))],
+                "exit_status": exc.code,
+            }
+        )
+    else:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+    return exc.code
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     now = datetime.datetime.utcnow()
     quiet = getattr(args, "verbosity", 0) == -1
     textfile = textfile_directory(args.textfile_dir)
     try:
         reports = evaluate(args, now)
+    except NotApplicable as exc:
+        return not_applicable(args, textfile, exc)
     except Error as exc:
         if textfile:
             try:
