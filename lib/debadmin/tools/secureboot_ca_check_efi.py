@@ -621,6 +621,19 @@ def der_length(blob: bytes) -> int:
 
 def parse_pe(data: bytes, source: str) -> PeImage:
     """The Authenticode digest and signatures of a PE/COFF image, checked strictly."""
+    checksum_at, security_entry, cert_offset, cert_size = security_directory(data, source)
+    raw_digests = authenticode_digests(data, checksum_at, security_entry, cert_offset, cert_size)
+    return PeImage(
+        source,
+        raw_digests["sha256"].hex(),
+        signatures=read_signatures(data, source, cert_offset, cert_size, raw_digests),
+        digests={algorithm: raw.hex() for algorithm, raw in raw_digests.items()},
+    )
+
+
+def security_directory(data: bytes, source: str) -> Tuple[int, int, int, int]:
+    """(checksum offset, security directory entry offset, certificate table offset and
+    size) of a PE/COFF image, its headers checked."""
     if len(data) < 0x40 or data[:2] != b"MZ":
         raise Error(f"{source}: not a PE image (no MZ header)")
     pe = struct.unpack_from("<I", data, 0x3C)[0]
@@ -631,12 +644,9 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     if optional + optional_size > len(data) or optional_size < 2:
         raise Error(f"{source}: optional header runs past the end of the file")
     magic = struct.unpack_from("<H", data, optional)[0]
-    if magic == 0x10B:
-        rva_count_at = optional + 92
-    elif magic == 0x20B:
-        rva_count_at = optional + 108
-    else:
+    if magic not in (0x10B, 0x20B):
         raise Error(f"{source}: unknown optional header magic 0x{magic:04x}")
+    rva_count_at = optional + (92 if magic == 0x10B else 108)
     if rva_count_at + 4 > optional + optional_size:
         raise Error(f"{source}: optional header too short")
     rva_count = struct.unpack_from("<I", data, rva_count_at)[0]
@@ -644,51 +654,51 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     if rva_count < 5 or security_entry + 8 > optional + optional_size:
         raise Error(f"{source}: image has no security data directory")
     cert_offset, cert_size = struct.unpack_from("<II", data, security_entry)
-    checksum_at = optional + 64
     if cert_size and (cert_offset < security_entry + 8 or cert_offset + cert_size > len(data)):
         raise Error(
             f"{source}: certificate table ({cert_offset}+{cert_size}) lies outside "
             f"the file ({len(data)} bytes)"
         )
-    # Authenticode digest: everything except the checksum, the security directory entry
-    # and the certificate table itself (sbsign's and pesign's layout: the table is last).
+    return optional + 64, security_entry, cert_offset, cert_size
+
+
+def authenticode_digests(
+    data: bytes, checksum_at: int, security_entry: int, cert_offset: int, cert_size: int
+) -> Dict[str, bytes]:
+    """The image's Authenticode digest by each algorithm edk2 uses: everything except the
+    checksum, the security directory entry and the certificate table itself (sbsign's
+    and pesign's layout: the table is last)."""
     view = memoryview(data)  # no copies of a megabyte-sized image
+    parts = [view[:checksum_at], view[checksum_at + 4 : security_entry]]
     if cert_size:
-        parts = (
-            view[:checksum_at],
-            view[checksum_at + 4 : security_entry],
-            view[security_entry + 8 : cert_offset],
-            view[cert_offset + cert_size :],
-        )
+        parts += [view[security_entry + 8 : cert_offset], view[cert_offset + cert_size :]]
     else:
-        parts = (
-            view[:checksum_at],
-            view[checksum_at + 4 : security_entry],
-            view[security_entry + 8 :],
-        )
+        parts += [view[security_entry + 8 :]]
     raw_digests = {}
     for algorithm in DIGESTS:
         digest = hashlib.new(algorithm)
         for part in parts:
             digest.update(part)
         raw_digests[algorithm] = digest.digest()
-    image = PeImage(
-        source,
-        raw_digests["sha256"].hex(),
-        digests={algorithm: raw.hex() for algorithm, raw in raw_digests.items()},
-    )
+    return raw_digests
+
+
+def read_signatures(
+    data: bytes, source: str, cert_offset: int, cert_size: int, raw_digests: Dict[str, bytes]
+) -> List[Signature]:
+    """The WIN_CERTIFICATEs of the certificate table, each with the digest it signs."""
+    signatures: List[Signature] = []
+    end = cert_offset + cert_size
     offset = cert_offset
-    index = 0
     # Repeats of one signature (a crafted image has thousands) are decoded once and share
     # their certificate list.
-    parsed: Dict[bytes, List[x509.Certificate]] = {}
-    while cert_size and offset < cert_offset + cert_size:
-        index += 1
-        where = f"{source}: WIN_CERTIFICATE {index} at byte {offset}"
-        if cert_offset + cert_size - offset < 8:
+    parsed: Dict[bytes, Tuple[List[x509.Certificate], Optional[str]]] = {}
+    while cert_size and offset < end:
+        where = f"{source}: WIN_CERTIFICATE {len(signatures) + 1} at byte {offset}"
+        if end - offset < 8:
             raise Error(f"{where}: truncated header")
         length, revision, cert_type = struct.unpack_from("<IHH", data, offset)
-        if length < 8 or offset + length > cert_offset + cert_size:
+        if length < 8 or offset + length > end:
             raise Error(f"{where}: length {length} runs past the certificate table")
         if revision not in (0x100, 0x200):
             raise Error(f"{where}: unknown revision 0x{revision:04x}")
@@ -701,12 +711,11 @@ def parse_pe(data: bytes, source: str) -> PeImage:
                     f"{source}: more than {MAX_SIGNATURES} different signatures, "
                     "not a boot loader"
                 )
-            parsed[blob] = signed_certificates(blob, where)
-        certs = parsed[blob]
-        algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
-        image.signatures.append(Signature(index, certs, algorithm))
+            algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
+            parsed[blob] = (signed_certificates(blob, where), algorithm)
+        signatures.append(Signature(len(signatures) + 1, *parsed[blob]))
         offset += (length + 7) & ~7
-    return image
+    return signatures
 
 
 def signed_certificates(blob: bytes, where: str) -> List[x509.Certificate]:
