@@ -1699,3 +1699,14 @@ def test_no_uefi_json_is_a_document(tmp_path, capsys):
         {"code": "no-uefi", "severity": "info", "subject": None, "message": doc["reason"]}
     ]
     assert "secureboot_ca_check_status 3\n" in (textfile / sbc.TEXTFILE_NAME).read_text()
+
+
+def test_garbage_db_names_the_unknown_type_first(tmp_path, capsys):
+    """As debian/tests/secureboot-ca-check checks: text where a signature list should be
+    is an unknown type first, whatever its size field says."""
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(db=b"garbage-that-is-no-signature-list")
+    )
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "db: signature list 1 at byte 0: unknown signature type" in err

@@ -177,17 +177,16 @@ def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
             return
         type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
         if list_size > left or list_size < 28:
-            rest = f"the remaining {left} bytes are not read"
-            if list_size > left:
-                message = (
-                    f"{where}: size {list_size} runs past the end of the data "
-                    f"({left} bytes left); {rest}"
-                )
+            # The size is what leads to the next list: nothing after this one can be read.
+            if guid_str(type_raw) not in SIGNATURE_TYPES:
+                why = f"unknown signature type {guid_str(type_raw)}"
+            elif list_size > left:
+                why = f"size {list_size} runs past the end of the data ({left} bytes left)"
             else:
-                message = (
-                    f"{where}: list size {list_size} is not a whole number of signatures; {rest}"
-                )
-            yield Problem("unreadable", "warning", message)
+                why = f"list size {list_size} is not a whole number of signatures"
+            yield Problem(
+                "unreadable", "warning", f"{where}: {why}; the remaining {left} bytes are not read"
+            )
             return
         problem = list_header_problem(guid_str(type_raw), list_size, header_size, sig_size)
         if problem:
