@@ -1710,3 +1710,26 @@ def test_garbage_db_names_the_unknown_type_first(tmp_path, capsys):
     rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert "db: signature list 1 at byte 0: unknown signature type" in err
+
+
+def test_fuzz_messy_variables_through_the_report(tmp_path):
+    """Mutated messy variables (PEM PK, a broken entry among good ones, padding) as PK, KEK,
+    db and dbx: a report or one clean Error, never another exception or a stray warning."""
+    rng = random.Random(1313)
+    messy = supermicro_variables()
+    base = {name: messy[name] for name in ("SecureBoot", "SetupMode", "PK", "KEK", "db", "dbx")}
+    for number, name in enumerate(["PK", "KEK", "db", "dbx"] * 40):
+        data = next(mutations(messy[name], rng, 1))
+        variables = {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in {**base, name: data}.items()
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                report = sbc.build_report("efivars", f"fuzz{number}", variables, [], tmp_path, NOW)
+            except Error as exc:
+                assert "\n" not in str(exc) and name in ("KEK", "db")
+                continue
+        json.dumps(report)
+        assert report["verdict"] in ("ok", "action-needed", "not-applicable")
