@@ -620,13 +620,14 @@ def der_length(blob: bytes) -> int:
 
 def parse_pe(data: bytes, source: str) -> PeImage:
     """The Authenticode digest and signatures of a PE/COFF image, checked strictly."""
-    checksum_at, security_entry, cert_offset, cert_size = security_directory(data, source)
-    raw_digests = authenticode_digests(data, checksum_at, security_entry, cert_offset, cert_size)
+    layout = security_directory(data, source)
+    digests = AuthenticodeDigests(data, *layout)
+    signatures = read_signatures(data, source, layout[2], layout[3], digests)
     return PeImage(
         source,
-        raw_digests["sha256"].hex(),
-        signatures=read_signatures(data, source, cert_offset, cert_size, raw_digests),
-        digests={algorithm: raw.hex() for algorithm, raw in raw_digests.items()},
+        digests.hex("sha256"),
+        signatures=signatures,
+        digests={algorithm: digests.hex(algorithm) for algorithm in digests.computed},
     )
 
 
@@ -661,29 +662,41 @@ def security_directory(data: bytes, source: str) -> Tuple[int, int, int, int]:
     return optional + 64, security_entry, cert_offset, cert_size
 
 
-def authenticode_digests(
-    data: bytes, checksum_at: int, security_entry: int, cert_offset: int, cert_size: int
-) -> Dict[str, bytes]:
-    """The image's Authenticode digest by each algorithm edk2 uses: everything except the
-    checksum, the security directory entry and the certificate table itself (sbsign's
-    and pesign's layout: the table is last)."""
-    view = memoryview(data)  # no copies of a megabyte-sized image
-    parts = [view[:checksum_at], view[checksum_at + 4 : security_entry]]
-    if cert_size:
-        parts += [view[security_entry + 8 : cert_offset], view[cert_offset + cert_size :]]
-    else:
-        parts += [view[security_entry + 8 :]]
-    raw_digests = {}
-    for algorithm in DIGESTS:
-        digest = hashlib.new(algorithm)
-        for part in parts:
-            digest.update(part)
-        raw_digests[algorithm] = digest.digest()
-    return raw_digests
+class AuthenticodeDigests:
+    """The image's Authenticode digests, each computed when first asked for (SHA-256
+    always; the others only for a signature that does not sign the SHA-256 one): everything
+    except the checksum, the security directory entry and the certificate table itself
+    (sbsign's and pesign's layout: the table is last)."""
+
+    def __init__(
+        self, data: bytes, checksum_at: int, security_entry: int, cert_offset: int, size: int
+    ):
+        view = memoryview(data)  # no copies of a megabyte-sized image
+        self.parts = [view[:checksum_at], view[checksum_at + 4 : security_entry]]
+        if size:
+            self.parts += [view[security_entry + 8 : cert_offset], view[cert_offset + size :]]
+        else:
+            self.parts += [view[security_entry + 8 :]]
+        self.computed: Dict[str, bytes] = {}
+
+    def raw(self, algorithm: str) -> bytes:
+        if algorithm not in self.computed:
+            digest = hashlib.new(algorithm)
+            for part in self.parts:
+                digest.update(part)
+            self.computed[algorithm] = digest.digest()
+        return self.computed[algorithm]
+
+    def hex(self, algorithm: str) -> str:
+        return self.raw(algorithm).hex()
+
+    def signed_in(self, blob: bytes) -> Optional[str]:
+        """The algorithm whose digest a signature's signed content holds, if any."""
+        return next((a for a in DIGESTS if self.raw(a) in blob), None)
 
 
 def read_signatures(
-    data: bytes, source: str, cert_offset: int, cert_size: int, raw_digests: Dict[str, bytes]
+    data: bytes, source: str, cert_offset: int, cert_size: int, digests: AuthenticodeDigests
 ) -> List[Signature]:
     """The WIN_CERTIFICATEs of the certificate table, each with the digest it signs."""
     signatures: List[Signature] = []
@@ -710,8 +723,7 @@ def read_signatures(
                     f"{source}: more than {MAX_SIGNATURES} different signatures, "
                     "not a boot loader"
                 )
-            algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
-            parsed[blob] = (signed_certificates(blob, where), algorithm)
+            parsed[blob] = (signed_certificates(blob, where), digests.signed_in(blob))
         signatures.append(Signature(len(signatures) + 1, *parsed[blob]))
         offset += (length + 7) & ~7
     return signatures
