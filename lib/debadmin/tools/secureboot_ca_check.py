@@ -123,12 +123,16 @@ HOMOGLYPHS = str.maketrans(
     }
 )
 
+NOT_ALNUM = re.compile("[^a-z0-9]")
+
 
 def name_key(text: str) -> str:
     """A name reduced to what a reader compares: no case, spacing, punctuation,
     compatibility forms, accents or look-alike letters of other scripts
     ("Microsoft  Corporation KEK-CA 2011" and "Міcrоsoft Corporation KEK CA 2011" with
     Cyrillic letters are both "mlcrosoftcorporatlonkekca2ol1")."""
+    if text.isascii():  # the common case, without a Python loop over every character
+        return NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
     decomposed = unicodedata.normalize("NFKD", text)
     # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
     bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
@@ -545,6 +549,8 @@ def printable(text: str) -> str:
     Certificate names come from the firmware: a newline or a terminal escape in one must
     not forge lines (a fake verdict) or colours in the text report and the log.
     """
+    if text.isprintable():
+        return text  # the common case, without a Python loop over every character
     out = []
     for ch in text:
         if ch.isprintable():

@@ -2,6 +2,7 @@
 
 import base64
 import datetime
+import functools
 import hashlib
 import os
 import re
@@ -90,7 +91,13 @@ MAX_SIGNATURES = 64
 
 
 def guid_str(raw: bytes) -> str:
-    return str(uuid.UUID(bytes_le=bytes(raw)))
+    return guid_text(bytes(raw))
+
+
+@functools.lru_cache(maxsize=256)
+def guid_text(raw: bytes) -> str:
+    """A GUID's text form; cached, as thousands of entries share an owner GUID."""
+    return str(uuid.UUID(bytes_le=raw))
 
 
 # --- signature lists ----------------------------------------------------------------------
