@@ -1,5 +1,6 @@
 """Unit tests for secureboot-ca-check: parsers on real and generated inputs, verdicts, fuzz."""
 
+import base64
 import datetime
 import hashlib
 import json
@@ -1145,8 +1146,10 @@ def test_empty_options_mean_defaults(tmp_path, capsys):
 def test_json_fields_are_stable(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "efivars", ms_variables())
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
-    assert set(doc) == {"reports", "exit_status"}
+    assert set(doc) == {"reports", "findings", "exit_status"}
     report = doc["reports"][0]
+    # The shared shape (debadmin.findings), all reports' findings in one top-level list.
+    assert doc["findings"] == [{**f, "source": str(efivars)} for f in report["findings"]]
     assert set(report) == {
         "source",
         "secure_boot",
@@ -1191,7 +1194,10 @@ def test_json_fields_are_stable(tmp_path, capsys):
         "in_dbdefault",
     }
     assert set(report["fwupd"]) == {"installed", "version", "minimum", "recent_enough"}
-    assert set(report["findings"][0]) == {"code", "severity", "message"}
+    assert {tuple(f)[:4] for f in report["findings"]} == {
+        ("code", "severity", "subject", "message")
+    }
+    assert {f["subject"] for f in report["findings"]} >= {"KEK", "db"}
 
 
 # --- fuzz ----------------------------------------------------------------------------------------
@@ -1309,3 +1315,424 @@ def test_oversized_varstore_and_pe_are_refused_unread(tmp_path, monkeypatch):
         efi.read_varstore(big)
     with pytest.raises(Error, match=r"big: larger than 1 MiB, not a boot loader$"):
         efi.read_pe(big)
+
+
+# --- messy real firmware (issue 13) --------------------------------------------------------------
+
+
+def tlv(tag: int, content: bytes) -> bytes:
+    size = len(content)
+    if size < 0x80:
+        return bytes([tag, size]) + content
+    raw = size.to_bytes((size.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(raw)]) + raw + content
+
+
+def der_integer(value: int) -> bytes:
+    return tlv(
+        0x02, value.to_bytes((value + (value < 0)).bit_length() // 8 + 1, "big", signed=True)
+    )
+
+
+def odd_cert(cn: str, country: str = "USA", serial: int = -5) -> bytes:
+    """A DER certificate as some real firmware carries: a three-letter country name and a
+    negative serial number, which python3-cryptography parses only with warnings (and
+    whose builder refuses to make), so it is encoded here by hand and signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    ecdsa_sha256 = tlv(0x30, bytes.fromhex("06082a8648ce3d040302"))
+    name = tlv(
+        0x30,
+        tlv(0x31, tlv(0x30, bytes.fromhex("0603550406") + tlv(0x13, country.encode())))
+        + tlv(0x31, tlv(0x30, bytes.fromhex("0603550403") + tlv(0x0C, cn.encode()))),
+    )
+    spki = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    validity = tlv(0x30, tlv(0x17, b"200101000000Z") + tlv(0x17, b"400101000000Z"))
+    tbs = tlv(
+        0x30,
+        tlv(0xA0, der_integer(2))
+        + der_integer(serial)
+        + ecdsa_sha256
+        + name
+        + validity
+        + name
+        + spki,
+    )
+    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    return tlv(0x30, tbs + ecdsa_sha256 + tlv(0x03, b"\0" + signature))
+
+
+def pem_text(der: bytes, label: str = "NEW CERTIFICATE REQUEST") -> bytes:
+    """PEM text as one real board stores its PK inside an X.509 signature list."""
+    body = base64.encodebytes(der).replace(b"\n", b"")
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return b"\r\n".join(
+        [f"-----BEGIN {label}-----".encode(), *lines, f"-----END {label}-----".encode(), b""]
+    )
+
+
+def supermicro_variables() -> dict:
+    """Shaped like the dump of the real Supermicro board: a PEM PK with a country "USA" and
+    a negative serial, KEK with an unparseable entry among good ones, db with odd padding
+    after one certificate and zero bytes after its last list."""
+    own, kek_2011 = [
+        e.cert.public_bytes(serialization.Encoding.DER)
+        for e in efi.parse_signature_lists((REAL / "ovmf-ms-KEK.esl").read_bytes(), "KEK")
+    ]
+    garbage = b"\x30\x82\x01\x00" + b"\x5a" * (len(kek_2011) - 4)
+    uefi_2011 = (REAL / "microsoft-uefi-ca-2011.der").read_bytes()
+    return ms_variables(
+        PK=esl(efi.CERT_X509, [pem_text(odd_cert("Supermicro PK"))], owner=efi.GLOBAL_GUID),
+        KEK=cert_esl(x509.load_der_x509_certificate(own))
+        + esl(efi.CERT_X509, [garbage, kek_2011]),
+        db=esl(efi.CERT_X509, [uefi_2011 + b"\xff" * 12]) + b"\0" * 12,
+    )
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_messy_firmware_gets_a_verdict_and_findings(tmp_path, capsys, quiet):
+    efivars = write_efivars(tmp_path / "efivars", supermicro_variables())
+    argv = ["--efivars", str(efivars), "--root", str(tmp_path)] + ["--quiet"] * quiet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a library warning would be an exception here
+        rc, out, err = run(capsys, *argv)
+        assert rc == 1 and err == "" and "Verdict: action needed" in out
+        rc, doc = run_json(capsys, *argv)
+    report = doc["reports"][0]
+    found = {(f["code"], f["subject"]): f for f in report["findings"]}
+    # The verdict comes from what could be read: KEK and db lack the 2023 CAs.
+    assert found[("kek-2023-missing", "KEK")]["severity"] == "action"
+    assert found[("db-uefi-ca-2023-missing", "db")]["severity"] == "action"
+    assert report["microsoft_cas"]["kek_ca_2011"]["in_kek"]
+    assert report["microsoft_cas"]["uefi_ca_2011"]["in_db"]
+    # Each oddity is a finding on its variable.
+    assert "BEGIN NEW CERTIFICATE REQUEST" in found[("pem-entry", "PK")]["message"]
+    assert found[("pk-unusable", "PK")]["severity"] == "warning"
+    assert "Country names" in found[("x509-warning", "PK")]["message"] or "length" in (
+        found[("x509-warning", "PK")]["message"]
+    )
+    assert (
+        "list 2 at byte 1005: entry 1 is not a DER X.509"
+        in found[("unreadable", "KEK")]["message"]
+    )
+    assert "12 bytes of other data" in found[("trailing-data", "db")]["message"]
+    assert found[("padding", "db")]["severity"] == "info"
+    # The PEM PK names the owner but is no usable certificate.
+    assert report["pk_owner"] == "Supermicro PK"
+    assert report["variables"]["PK"]["certificates"] == []
+    assert any("PK is not a certificate the firmware can use" in s for s in report["next_steps"])
+    assert [c["microsoft_ca"] for c in report["variables"]["KEK"]["certificates"]] == [
+        None,
+        "kek_ca_2011",
+    ]
+
+
+def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
+    der = (REAL / "microsoft-uefi-ca-2023.der").read_bytes()
+    entries, problems = efi.read_signature_lists(
+        esl(efi.CERT_X509, [pem_text(der, "CERTIFICATE")])
+        + esl(efi.CERT_X509, [pem_text(der)[:40] + b"!!!!" + pem_text(der)[44:]])
+    )
+    assert [e.usable for e in entries] == [False]
+    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    assert [p.code for p in problems] == ["pem-entry", "unreadable"]
+    # A PEM copy of UEFI CA 2023 in db does not count: firmware cannot use it.
+    efivars = write_efivars(
+        tmp_path / "efivars",
+        ms_variables(
+            db=(REAL / "ovmf-ms-db.esl").read_bytes() + esl(efi.CERT_X509, [pem_text(der)])
+        ),
+    )
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW
+    )
+    assert report["microsoft_cas"]["uefi_ca_2023"]["in_db"] is False
+    assert {"pem-entry", "db-uefi-ca-2023-missing"} <= {f["code"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(
+    "name,data,message",
+    [
+        ("KEK", b"\x27garbage", "KEK: signature list 1 at byte 0: truncated header"),
+        ("db", esl(efi.CERT_X509, [b"\x30\x03abc"]), "db: signature list 1 at byte 0: entry 1"),
+        (
+            "db",
+            guid("01234567-89ab-cdef-0123-456789abcdef")
+            + struct.pack("<III", 60, 0, 32)
+            + b"x" * 32,
+            "unknown signature type",
+        ),
+    ],
+)
+def test_kek_or_db_unreadable_at_all_is_an_error(tmp_path, capsys, name, data, message):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(**{name: data}))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_unreadable_pk_and_dbx_are_findings(tmp_path, capsys):
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(PK=b"\x01\x02\x03", dbx=b"\x00" * 40 + b"\x11")
+    )
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    codes = {(f["code"], f["subject"]) for f in doc["reports"][0]["findings"]}
+    assert rc == 1
+    assert {("unreadable", "PK"), ("pk-unusable", "PK"), ("unreadable", "dbx")} <= codes
+    assert doc["reports"][0]["pk_owner"] is None
+
+
+def test_empty_and_padding_only_variables_are_not_errors(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(dbx=b"\0" * 12))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 1
+    assert ("padding", "dbx") in {(f["code"], f["subject"]) for f in doc["reports"][0]["findings"]}
+
+
+def test_library_warnings_never_reach_stderr(tmp_path, capsys, caplog):
+    """Country "USA" and a negative serial in db (DER): findings and debug lines only."""
+    caplog.set_level(logging.DEBUG, logger="debadmin")
+    odd = odd_cert("Vendor db key")
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + esl(efi.CERT_X509, [odd])
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for argv in ([], ["-q"], ["-v"]):
+            rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path), *argv)
+            assert rc == 1 and "warn" not in err.lower().replace("warning from a library", "")
+            assert "UserWarning" not in err and "Deprecation" not in err
+            if argv != ["-v"]:
+                assert err == ""
+        rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    messages = [f["message"] for f in doc["reports"][0]["findings"] if f["code"] == "x509-warning"]
+    assert any("negative serial" in m for m in messages)
+    assert all("'Vendor db key'" in m for m in messages) and len(messages) == 2
+    assert doc["reports"][0]["variables"]["db"]["certificates"][-1]["serial"] == "-5"
+    # An error on the same input stays one line.
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(b"ZM" + b"\0" * 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = run(
+            capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+        )
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "no MZ header" in err
+
+
+@pytest.mark.parametrize("revoke", ["hash", "certificate"])
+def test_dbx_refusal_names_the_revocation(tmp_path, revoke):
+    """db holds the CA the shim chains to (and the 2011 and 2023 Microsoft CAs): the step
+    is about the revocation, not about waiting for a CA in db."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(image)
+    db = (
+        (REAL / "ovmf-ms-db.esl").read_bytes()
+        + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+        + cert_esl(ca)
+    )
+    dbx = (
+        esl(SHA256_TYPE, [bytes.fromhex(efi.parse_pe(image, "x").sha256)])
+        if revoke == "hash"
+        else cert_esl(ca)
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db, dbx=dbx))
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
+    )
+    refused = [f for f in report["findings"] if f["code"] == "shim-not-accepted"]
+    assert refused and refused[0]["severity"] == "action"
+    named = "its Authenticode hash" if revoke == "hash" else "Owner CA"
+    assert refused[0]["revoked_by"] == named
+    steps = [s for s in report["next_steps"] if str(shim) in s]
+    assert steps and f"dbx revokes {named}" in steps[0]
+    assert not any("before db holds a CA" in s for s in report["next_steps"])
+    # Not revoked, only unknown to db: the old advice stands.
+    efivars = write_efivars(tmp_path / "efivars2", ms_variables())
+    report = sbc.build_report(
+        "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
+    )
+    assert any("before db holds a CA" in s for s in report["next_steps"])
+
+
+@pytest.mark.parametrize(
+    "value,status,verdict",
+    [(b"\x00", 3, "not-applicable"), (b"\x01", 1, "action-needed"), (None, 1, "action-needed")],
+)
+def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdict):
+    """edk2's AuthVariableLib: with a PK, SecureBoot follows SecureBootEnable (created as 1
+    when absent); 0, switched off in the firmware setup, does not enforce."""
+    order = [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes()) for n in ("db", "dbx", "KEK", "PK")]
+    if value is not None:
+        order.append(("SecureBootEnable", value, efi.VAR_ADDED, 0x03))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(order))
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    report = doc["reports"][0]
+    assert rc == status and report["verdict"] == verdict
+    assert report["secure_boot"] is (value != b"\x00") and report["setup_mode"] is False
+    disabled = [f for f in report["findings"] if f["code"] == "secure-boot-disabled"]
+    assert bool(disabled) is (value == b"\x00")
+    if disabled:
+        assert disabled[0]["subject"] == "SecureBootEnable"
+
+
+@pytest.mark.parametrize(
+    "cn",
+    [
+        "Micr\u043esoft UEFI CA 2023",  # Cyrillic o
+        "Microsoft UEFI \u0421\u0410 2023",  # Cyrillic CA
+        "Microsoft Corporation \u039a\u0395\u039a 2K CA 2023",  # Greek KEK
+        "M\u0456crosoft Option ROM UEFI CA 2023",  # Ukrainian i
+        "Micr\u00f6soft UEFI CA 2O23",  # an accent, a letter O for the zero
+        "Windows UEFI CA 2\u200b023",  # a zero-width space
+    ],
+)
+def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
+    fake, _ = make_cert(cn, org="Microsoft Corporation")
+    assert sbc.describe_cert(fake, NOW, sbc.KNOWN_CAS)["lookalike"]
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(fake)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    flagged = [f for f in doc["reports"][0]["findings"] if f["code"] == "lookalike"]
+    assert rc == 1 and flagged and flagged[0]["subject"] == "db" and flagged[0]["name"] == cn
+
+
+@pytest.mark.parametrize(
+    "cn",
+    ["\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK", "Microsoft UEFI CA 2024"],
+)
+def test_other_names_are_not_lookalikes(cn):
+    cert, _ = make_cert(cn)
+    assert not sbc.describe_cert(cert, NOW, sbc.KNOWN_CAS)["lookalike"]
+
+
+# --- crafted large inputs (timings: bench/secureboot-ca-check) ----------------------------------
+
+
+def test_oversized_variable_in_a_varstore_is_refused(tmp_path, capsys, monkeypatch):
+    """A variable larger than any firmware writes (a crafted 63 MiB dbx) is refused before
+    it is copied or parsed, as in efivarfs."""
+    monkeypatch.setattr(efi, "MAX_VARIABLE", 4096)
+    path = tmp_path / "VARS.fd"
+    big = esl(SHA256_TYPE, [bytes([n % 256]) * 32 for n in range(100)])
+    path.write_bytes(make_varstore([("PK", (REAL / "ovmf-ms-PK.esl").read_bytes()), ("dbx", big)]))
+    rc, out, err = run(capsys, "--varstore", str(path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert f"dbx is {len(big)} bytes, larger than any firmware variable (4096 bytes)" in err
+    # A stale copy that large is passed over, as the firmware passes it over.
+    pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+    path.write_bytes(make_varstore([pk, ("dbx", big, 0x3C), ("dbx", b"")]))
+    assert efi.read_varstore(path)["dbx"].data == b""
+
+
+def test_many_small_variables_are_walked(tmp_path):
+    tiny = [(f"v{n}", b"") for n in range(2000)]
+    pk = ("PK", (REAL / "ovmf-ms-PK.esl").read_bytes())
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(tiny + [pk, ("db", b"\x01")], size=0x84000))
+    variables = efi.read_varstore(path)
+    assert sorted(variables) == ["PK", "db"] and variables["db"].data == b"\x01"
+
+
+def test_repeated_signatures_are_decoded_once(tmp_path, monkeypatch):
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    pe = efi.parse_pe(image, "x")
+    table = image[len(minimal_pe()) :]
+    repeated = minimal_pe(table * 50)
+    parsed = efi.parse_pe(repeated, "x")
+    assert len(parsed.signatures) == 50
+    assert len({id(s.certs) for s in parsed.signatures}) == 1
+    shim, _ = shim_report(tmp_path, repeated, db=cert_esl(ca))
+    assert shim["accepted"] and len(shim["signatures"]) == 50
+    assert [s["index"] for s in shim["signatures"]] == list(range(1, 51))
+    assert shim["signatures"][49]["chains_to_db"] == ["Owner CA"]
+    assert pe.signatures[0].digest_algorithm == parsed.signatures[0].digest_algorithm
+    # Different signatures beyond the limit: refused before each is decoded and checked.
+    other = signed_pe(owner_pki("Other")[1])[len(minimal_pe()) :]
+    monkeypatch.setattr(efi, "MAX_SIGNATURES", 1)
+    efi.parse_pe(minimal_pe(table * 3), "x")
+    with pytest.raises(Error, match="more than 1 different signatures, not a boot loader"):
+        efi.parse_pe(minimal_pe(table + other), "x")
+
+
+def test_large_db_and_dbx_are_indexed_not_scanned(tmp_path):
+    """The shim's chain found among hundreds of db certificates, and its revocation among
+    hundreds of dbx certificates and x509_sha256 hashes, in db's order."""
+    ca, signer = owner_pki()
+    image = signed_pe(signer)
+    crowd = [make_cert(f"Crowd {n}")[0] for n in range(300)]
+    tbs = [esl(X509_SHA256_TYPE, [bytes([n]) * 32 + b"\0" * 16]) for n in range(200)]
+    db = cert_esl(*crowd[:150], ca, *crowd[150:])
+    shim, _ = shim_report(tmp_path, image, db=db, dbx=cert_esl(*crowd) + b"".join(tbs))
+    assert shim["accepted"] and shim["signatures"][0]["chains_to_db"] == ["Owner CA"]
+    real_tbs = hashlib.sha256(ca.tbs_certificate_bytes).digest()
+    dbx = cert_esl(*crowd) + b"".join(tbs) + esl(X509_SHA256_TYPE, [real_tbs + b"\0" * 16])
+    shim, _ = shim_report(tmp_path, image, "revoked.efi", db=db, dbx=dbx)
+    assert not shim["accepted"] and shim["signatures"][0]["revoked_by_dbx"] == ["Owner CA"]
+
+
+# --- hosts without UEFI (issue 11) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_no_uefi_is_an_info_line_not_an_error(tmp_path, capsys, quiet):
+    """The weekly service runs with --quiet and logs what it prints: on a BIOS host that
+    is a verdict (exit 3), never 'error:'."""
+    rc, out, err = run(capsys, "--root", str(tmp_path), *quiet)
+    assert rc == 3 and out == ""
+    assert err == (
+        f"secureboot-ca-check: {tmp_path / sbc.EFIVARS} does not exist: this system did not "
+        "boot with UEFI (or efivarfs is not mounted)\n"
+    )
+    assert "error" not in err
+
+
+def test_no_uefi_json_is_a_document(tmp_path, capsys):
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    rc, out, err = run(capsys, "--json", "--root", str(tmp_path), "--textfile-dir", str(textfile))
+    doc = json.loads(out)
+    assert rc == doc["exit_status"] == 3 and err == ""
+    assert doc["applicable"] is False and "did not boot with UEFI" in doc["reason"]
+    assert doc["reports"] == []
+    assert doc["findings"] == [
+        {"code": "no-uefi", "severity": "info", "subject": None, "message": doc["reason"]}
+    ]
+    assert "secureboot_ca_check_status 3\n" in (textfile / sbc.TEXTFILE_NAME).read_text()
+
+
+def test_garbage_db_names_the_unknown_type_first(tmp_path, capsys):
+    """As debian/tests/secureboot-ca-check checks: text where a signature list should be
+    is an unknown type first, whatever its size field says."""
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(db=b"garbage-that-is-no-signature-list")
+    )
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "db: signature list 1 at byte 0: unknown signature type" in err
+
+
+def test_fuzz_messy_variables_through_the_report(tmp_path):
+    """Mutated messy variables (PEM PK, a broken entry among good ones, padding) as PK, KEK,
+    db and dbx: a report or one clean Error, never another exception or a stray warning."""
+    rng = random.Random(1313)
+    messy = supermicro_variables()
+    base = {name: messy[name] for name in ("SecureBoot", "SetupMode", "PK", "KEK", "db", "dbx")}
+    for number, name in enumerate(["PK", "KEK", "db", "dbx"] * 40):
+        data = next(mutations(messy[name], rng, 1))
+        variables = {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in {**base, name: data}.items()
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                report = sbc.build_report("efivars", f"fuzz{number}", variables, [], tmp_path, NOW)
+            except Error as exc:
+                assert "\n" not in str(exc) and name in ("KEK", "db")
+                continue
+        json.dumps(report)
+        assert report["verdict"] in ("ok", "action-needed", "not-applicable")

@@ -2,8 +2,11 @@
 
 import argparse
 import datetime
+import functools
+import hashlib
 import logging
 import re
+import sys
 import time
 import unicodedata
 import warnings
@@ -12,13 +15,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import apt_pkg
 from cryptography import x509
-from cryptography.utils import CryptographyDeprecationWarning
 from cryptography.x509.oid import NameOID
 
 from debadmin import cli, debver, fsutil
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
+from debadmin.findings import finding
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_rules as rules
 
 PROG = "secureboot-ca-check"
 log = logging.getLogger("debadmin")
@@ -74,14 +78,6 @@ KNOWN_CAS: Dict[str, Tuple[str, str, str]] = {
 # OVMF snakeoil keys.
 TEST_KEY = re.compile(r"do not (trust|ship)|snakeoil", re.I)
 
-PCR7_WARNING = (
-    "Changing KEK or db changes the TPM's PCR 7: before the update, suspend BitLocker on any "
-    "Windows installation (manage-bde -protectors -disable C:), and after it reseal "
-    "TPM-sealed LUKS keys (systemd-cryptenroll --wipe-slot=tpm2 --tpm2-device=auto "
-    "--tpm2-pcrs=7 DEVICE) or keep a recovery passphrase at hand."
-)
-
-
 # --- certificates ----------------------------------------------------------------------------
 
 
@@ -89,15 +85,68 @@ def iso(moment: datetime.datetime) -> str:
     return moment.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# Letters of other scripts that look like Latin ones (the Cyrillic and Greek part of
+# Unicode's confusables), and digits that look like letters: a name copied with one of
+# them is still a copy.  Both sides of a comparison go through the same map.
+HOMOGLYPHS = str.maketrans(
+    {
+        **dict.fromkeys("АаＡ", "a"),
+        **dict.fromkeys("ВвЬ", "b"),
+        **dict.fromkeys("Сс", "c"),
+        **dict.fromkeys("ԁ", "d"),
+        **dict.fromkeys("ЕеЁё", "e"),
+        **dict.fromkeys("НнҺһ", "h"),
+        **dict.fromkeys("ІіЇїıΙι1ӏӀlℓ", "l"),
+        **dict.fromkeys("Јј", "j"),
+        **dict.fromkeys("Кк", "k"),
+        **dict.fromkeys("Мм", "m"),
+        **dict.fromkeys("Пп", "n"),
+        **dict.fromkeys("Оо0Οοσ", "o"),
+        **dict.fromkeys("РрΡρ", "p"),
+        **dict.fromkeys("Ԛԛ", "q"),
+        **dict.fromkeys("Ѕѕ", "s"),
+        **dict.fromkeys("ТтΤτ", "t"),
+        **dict.fromkeys("υ", "u"),
+        **dict.fromkeys("ν", "v"),
+        **dict.fromkeys("Ԝԝ", "w"),
+        **dict.fromkeys("ХхΧχ", "x"),
+        **dict.fromkeys("УуҮүΥ", "y"),
+        **dict.fromkeys("Ζ", "z"),
+        **dict.fromkeys("Αα", "a"),
+        **dict.fromkeys("Ββ", "b"),
+        **dict.fromkeys("Εε", "e"),
+        **dict.fromkeys("Ηη", "h"),
+        **dict.fromkeys("Κκ", "k"),
+        **dict.fromkeys("Μ", "m"),
+        **dict.fromkeys("Ν", "n"),
+        "i": "l",  # i, l, 1 and I are told apart by nobody reading a certificate name
+    }
+)
+
+NOT_ALNUM = re.compile("[^a-z0-9]")
+
+
 def name_key(text: str) -> str:
-    """A name reduced to what a reader compares: no case, spacing, punctuation or
-    compatibility forms ("Microsoft  Corporation KEK-CA 2011" is "microsoftcorporationkekca2011").
-    """
-    return "".join(ch for ch in unicodedata.normalize("NFKC", text).casefold() if ch.isalnum())
+    """A name reduced to what a reader compares: no case, spacing, punctuation,
+    compatibility forms, accents or look-alike letters of other scripts
+    ("Microsoft  Corporation KEK-CA 2011" and "Міcrоsoft Corporation KEK CA 2011" with
+    Cyrillic letters are both "mlcrosoftcorporatlonkekca2ol1")."""
+    if text.isascii():  # the common case, without a Python loop over every character
+        return NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
+    decomposed = unicodedata.normalize("NFKD", text)
+    # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
+    bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+    return "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
 
 
-def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> set:
-    return {name_key(name) for table in (KNOWN_CAS, known) for _id, name, _home in table.values()}
+def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> frozenset:
+    names = tuple(name for table in (KNOWN_CAS, known) for _id, name, _home in table.values())
+    return name_keys(names)
+
+
+@functools.lru_cache(maxsize=8)
+def name_keys(names: Tuple[str, ...]) -> frozenset:
+    return frozenset(name_key(name) for name in names)
 
 
 def common_name(name: x509.Name) -> str:
@@ -115,30 +164,32 @@ def describe_cert(
     owner: Optional[str] = None,
 ) -> dict:
     """The JSON form of one certificate, with Microsoft CAs identified by fingerprint."""
-    sha256 = efi.fingerprint(cert)
+    der = efi.der(cert)
+    sha256 = hashlib.sha256(der).hexdigest()
     not_before, not_after = efi.validity(cert)
     ca = known.get(sha256)
-    subject = cert.subject.rfc4514_string()
+    # Each property access parses the name again (and repeats the library's warnings).
+    subject_name, issuer_name = cert.subject, cert.issuer
+    subject, issuer = subject_name.rfc4514_string(), issuer_name.rfc4514_string()
+    cn = common_name(subject_name)
     # A look-alike copies the name of one of Microsoft's CAs.  Other certificates that name
     # Microsoft are genuine often enough (Hyper-V's and Windows OEM devices' platform keys)
     # that flagging them would alarm for nothing.
-    copies_name = name_key(common_name(cert.subject)) in lookalike_names(known)
+    copies_name = name_key(cn) in lookalike_names(known)
     return {
         "subject": subject,
-        "subject_cn": common_name(cert.subject),
-        "issuer": cert.issuer.rfc4514_string(),
+        "subject_cn": cn,
+        "issuer": issuer,
         "serial": format(cert.serial_number, "x"),
         "not_before": iso(not_before),
         "not_after": iso(not_after),
         "expired": not_after < now,
         "sha256": sha256,
-        "sha1": efi.fingerprint(cert, "sha1"),
+        "sha1": hashlib.sha1(der).hexdigest(),
         "owner": owner,
         "microsoft_ca": ca[0] if ca else None,
         "lookalike": copies_name and ca is None,
-        "test_key": bool(
-            TEST_KEY.search(subject) or TEST_KEY.search(cert.issuer.rfc4514_string())
-        ),
+        "test_key": bool(TEST_KEY.search(subject) or TEST_KEY.search(issuer)),
     }
 
 
@@ -148,19 +199,50 @@ def describe_database(
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]],
 ) -> Optional[dict]:
+    """The JSON form of a signature database, from what of it can be read.
+
+    Private keys (removed before output): _entries, the entries firmware can use;
+    _unusable, certificates decoded from entries firmware cannot use (PEM text);
+    _problems, what could not be read or is odd, in the shape of a finding.
+    """
     if variable is None:
         return None
-    entries = efi.parse_signature_lists(variable.data, f"{source}: {variable.name}")
+    entries, problems = efi.read_signature_lists(variable.data)
+    for problem in problems:
+        log.debug("%s: %s: %s", printable(source), variable.name, printable(problem.message))
+    usable = [e for e in entries if e.usable]
     return {
         "attributes": variable.attributes,
-        "certificates": [describe_cert(e.cert, now, known, e.owner) for e in entries if e.cert],
+        "certificates": [describe_cert(e.cert, now, known, e.owner) for e in usable if e.cert],
         "hashes": [
             {"type": e.kind, "owner": e.owner, "value": e.data.hex()}
-            for e in entries
+            for e in usable
             if e.cert is None
         ],
-        "_entries": entries,  # removed before output
+        "_entries": usable,
+        "_unusable": [
+            describe_cert(e.cert, now, known, e.owner) for e in entries if not e.usable and e.cert
+        ],
+        "_problems": [
+            {"code": p.code, "severity": p.severity, "message": p.message} for p in problems
+        ],
+        "_read_nothing": bool(variable.data) and not entries,
     }
+
+
+def check_readable(databases: Dict[str, Optional[dict]], source: str) -> None:
+    """Refuse a source whose KEK or db cannot be read at all: no verdict is possible.
+
+    Anything less (one bad entry, PEM text, padding, an unreadable PK or dbx) is a finding
+    and the verdict comes from the rest.
+    """
+    for name in ("KEK", "db"):
+        database = databases[name]
+        if database is None or not database["_read_nothing"]:
+            continue
+        failures = [p for p in database["_problems"] if p["severity"] != "info"]
+        if failures:
+            raise Error(f"{source}: {name}: {failures[0]['message']}")
 
 
 # --- shim ------------------------------------------------------------------------------------
@@ -176,33 +258,55 @@ def default_shims(root: Path) -> List[Path]:
     return found
 
 
+class CertIndex:
+    """db or dbx certificates, indexed for the shim checks: by fingerprint and by subject
+    (so that finding who issued a certificate costs one look-up, not a signature check
+    per certificate of a crafted 3,000-certificate db)."""
+
+    def __init__(self, certs: Sequence[x509.Certificate], hashes: set = frozenset()):
+        self.certs = list(certs)
+        self.order = {id(c): n for n, c in enumerate(self.certs)}
+        self.fingerprints = {efi.fingerprint(c): c for c in self.certs}
+        self.by_subject: Dict[x509.Name, List[x509.Certificate]] = {}
+        for cert in self.certs:
+            self.by_subject.setdefault(cert.subject, []).append(cert)
+        # dbx's x509_sha256/384/512 entries: the hash of a to-be-signed part, then a time.
+        self.tbs: Dict[str, set] = {}
+        for kind, value in hashes:
+            if kind.startswith("x509_"):
+                size = hashlib.new(kind[5:]).digest_size * 2
+                self.tbs.setdefault(kind, set()).add(value[:size])
+
+    def issuers(self, cert: x509.Certificate) -> List[x509.Certificate]:
+        """The certificates here whose key signed cert."""
+        return [c for c in self.by_subject.get(cert.issuer, []) if efi.issued_by(cert, c)]
+
+    def holds(self, cert: x509.Certificate) -> bool:
+        """cert itself is here, as a certificate or as the hash of its to-be-signed part."""
+        return efi.fingerprint(cert) in self.fingerprints or any(
+            tbs in self.tbs.get(kind, ()) for kind, tbs in efi.tbs_hashes(cert).items()
+        )
+
+
 def revocations(
     certs: Sequence[x509.Certificate], dbx_certs: List[x509.Certificate], dbx_hashes: set
 ) -> List[str]:
+    """Names of the certificates among certs that dbx revokes."""
+    return revoked_names(certs, CertIndex(dbx_certs, dbx_hashes))
+
+
+def revoked_names(certs: Sequence[x509.Certificate], dbx: CertIndex) -> List[str]:
     """Names of the certificates among certs that dbx revokes.
 
     A dbx certificate revokes itself and whatever it issued (edk2 verifies the signature
     with each dbx certificate as the trust anchor); an x509_sha256/384/512 entry revokes the
     certificate whose to-be-signed part has that hash.
     """
-    dbx_fps = {efi.fingerprint(c) for c in dbx_certs}
     revoked: List[str] = []
-
-    def add(name: str) -> None:
-        if name not in revoked:
-            revoked.append(name)
-
     for cert in certs:
-        if efi.fingerprint(cert) in dbx_fps or any(
-            value.startswith(tbs)
-            for kind, tbs in efi.tbs_hashes(cert).items()
-            for entry_kind, value in dbx_hashes
-            if entry_kind == kind
-        ):
-            add(display_name(cert))
-        for revoker in dbx_certs:
-            if efi.issued_by(cert, revoker):
-                add(display_name(revoker))
+        names = [display_name(cert)] if dbx.holds(cert) else []
+        names += [display_name(revoker) for revoker in dbx.issuers(cert)]
+        revoked += [name for name in names if name not in revoked]
     return revoked
 
 
@@ -226,10 +330,10 @@ def check_shim(
     """
     db_entries = (databases.get("db") or {}).get("_entries", [])
     dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
-    db_certs = [e.cert for e in db_entries if e.cert]
     db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
-    dbx_certs = [e.cert for e in dbx_entries if e.cert]
     dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
+    db = CertIndex([e.cert for e in db_entries if e.cert])
+    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
     # edk2 hashes an unsigned image with SHA-256, a signed one with each signature's
     # algorithm.
     algorithms = {"sha256"} | {s.digest_algorithm for s in image.signatures if s.digest_found}
@@ -237,27 +341,14 @@ def check_shim(
     hash_revoked = bool(image_hashes & dbx_hashes)
     hash_allowed = bool(image_hashes & db_hashes)
     signatures = []
+    # A crafted image repeats one signature thousands of times: parse_pe gives repeats
+    # the same certificate list, and each distinct one is judged once.
+    judged: Dict[tuple, dict] = {}
     for sig in image.signatures:
-        anchors: List[x509.Certificate] = []
-        for anchor in db_certs:
-            if anchor not in anchors and any(
-                efi.fingerprint(anchor) == efi.fingerprint(cert) or efi.issued_by(cert, anchor)
-                for cert in sig.certs
-            ):
-                anchors.append(anchor)
-        revoked_by = revocations(list(sig.certs) + anchors, dbx_certs, dbx_hashes)
-        signatures.append(
-            {
-                "index": sig.index,
-                "certificates": [describe_cert(c, now, known) for c in sig.certs],
-                "digest_algorithm": sig.digest_algorithm,
-                "digest_matches": sig.digest_found,
-                "chains_to_db": [display_name(a) for a in anchors],
-                "chains_to_db_sha256": [efi.fingerprint(a) for a in anchors],
-                "revoked_by_dbx": revoked_by,
-                "accepted": bool(anchors) and not revoked_by and sig.digest_found,
-            }
-        )
+        key = (id(sig.certs), sig.digest_algorithm)
+        if key not in judged:
+            judged[key] = judge_signature(sig, db, dbx, now, known)
+        signatures.append({"index": sig.index, **judged[key]})
     # A revoked signature that does not cover the image is not checked against dbx by
     # edk2 (its Authenticode verification fails first): it neither accepts nor refuses.
     signature_revoked = any(s["revoked_by_dbx"] and s["digest_matches"] for s in signatures)
@@ -270,6 +361,32 @@ def check_shim(
         "accepted": not hash_revoked
         and not signature_revoked
         and (hash_allowed or any(s["accepted"] for s in signatures)),
+    }
+
+
+def judge_signature(
+    sig: efi.Signature,
+    db: CertIndex,
+    dbx: CertIndex,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> dict:
+    """One signature's part of check_shim(): what it chains to in db, what dbx revokes."""
+    found = {}
+    for cert in sig.certs:
+        same = db.fingerprints.get(efi.fingerprint(cert))
+        for anchor in ([same] if same is not None else []) + db.issuers(cert):
+            found[id(anchor)] = anchor
+    anchors = sorted(found.values(), key=lambda a: db.order[id(a)])  # in db's order
+    revoked_by = revoked_names(list(sig.certs) + anchors, dbx)
+    return {
+        "certificates": [describe_cert(c, now, known) for c in sig.certs],
+        "digest_algorithm": sig.digest_algorithm,
+        "digest_matches": sig.digest_found,
+        "chains_to_db": [display_name(a) for a in anchors],
+        "chains_to_db_sha256": [efi.fingerprint(a) for a in anchors],
+        "revoked_by_dbx": revoked_by,
+        "accepted": bool(anchors) and not revoked_by and sig.digest_found,
     }
 
 
@@ -318,241 +435,6 @@ def presence(databases: Dict[str, Optional[dict]], known) -> Dict[str, dict]:
     return table
 
 
-def finding(code: str, severity: str, message: str) -> dict:
-    return {"code": code, "severity": severity, "message": message}
-
-
-def assess(report: dict, known) -> None:
-    """Add findings, next steps and the verdict to a report."""
-    dbs = report["variables"]
-    cas = report["microsoft_cas"]
-    findings: List[dict] = []
-    steps: List[str] = []
-
-    def has(ca_id: str, var: str) -> bool:
-        return bool(cas[ca_id][f"in_{var.lower()}"])
-
-    keyed = [c for var in ("KEK", "db") for c in (dbs[var] or {}).get("certificates", [])]
-    managed = any(c["microsoft_ca"] or c["lookalike"] for c in keyed)
-    report["microsoft_managed"] = managed
-
-    test_keys: Dict[str, List[str]] = {}
-    for var in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault"):
-        for cert in (dbs[var] or {}).get("certificates", []):
-            if cert["lookalike"]:
-                severity = "info" if var == "dbx" else "action"
-                findings.append(
-                    finding(
-                        "lookalike",
-                        severity,
-                        f"{var}: '{cert['subject_cn']}' claims to be Microsoft's but its SHA-256 "
-                        f"fingerprint {cert['sha256'][:16]}... is not a known Microsoft CA",
-                    )
-                )
-                if severity == "action":
-                    steps.append(
-                        f"Find out who enrolled the look-alike '{cert['subject_cn']}' in "
-                        f"{var} and remove it (a firmware update or 'restore factory "
-                        "keys' from the machine maker)."
-                    )
-            if cert["test_key"] and var in ("PK", "KEK", "db"):
-                test_keys.setdefault(cert["subject_cn"], []).append(var)
-    for name, where in test_keys.items():
-        findings.append(
-            finding(
-                "test-key",
-                "warning",
-                f"{', '.join(where)}: '{name}' is a publicly known test key: whoever has its "
-                "private key can change the Secure Boot keys",
-            )
-        )
-
-    if report["setup_mode"]:
-        findings.append(
-            finding(
-                "setup-mode", "warning", "the firmware is in Setup Mode: anyone can enrol keys"
-            )
-        )
-
-    kek_missing = managed and not has("kek_2k_ca_2023", "KEK")
-    db_missing = managed and not has("uefi_ca_2023", "db")
-    if kek_missing:
-        findings.append(
-            finding(
-                "kek-2023-missing",
-                "action",
-                "KEK lacks Microsoft Corporation KEK 2K CA 2023: no db or dbx update signed "
-                "after KEK CA 2011 expires (2026-06-24) can be applied",
-            )
-        )
-    if db_missing:
-        findings.append(
-            finding(
-                "db-uefi-ca-2023-missing",
-                "action",
-                "db lacks Microsoft UEFI CA 2023: shims and option ROMs signed only by it "
-                "will not boot",
-            )
-        )
-    if has("uefi_ca_2023", "dbx") or has("kek_2k_ca_2023", "dbx"):
-        findings.append(finding("ca-2023-revoked", "action", "dbx revokes a 2023 Microsoft CA"))
-    if (
-        managed
-        and has("windows_production_pca_2011", "db")
-        and not has("windows_uefi_ca_2023", "db")
-    ):
-        findings.append(
-            finding(
-                "db-windows-uefi-ca-2023-missing",
-                "info",
-                "db lacks Windows UEFI CA 2023 (matters only for Windows boot managers)",
-            )
-        )
-    if managed and has("uefi_ca_2011", "db") and not has("option_rom_uefi_ca_2023", "db"):
-        findings.append(
-            finding(
-                "db-option-rom-ca-2023-missing",
-                "info",
-                "db lacks Microsoft Option ROM UEFI CA 2023 (add-in cards whose firmware is "
-                "signed only by it will not initialise)",
-            )
-        )
-    for var in ("KEK", "db"):
-        for cert in (dbs[var] or {}).get("certificates", []):
-            if cert["microsoft_ca"] and cert["expired"]:
-                findings.append(
-                    finding(
-                        "expired",
-                        "info",
-                        f"{var}: {cert['subject_cn']} expired on {cert['not_after'][:10]} "
-                        "(firmware does not check expiry: this alone breaks nothing)",
-                    )
-                )
-    lacking_defaults = []
-    if managed:
-        for var, ca_id in (("KEKDefault", "kek_2k_ca_2023"), ("dbDefault", "uefi_ca_2023")):
-            if dbs[var] is not None and not has(ca_id, var):
-                lacking_defaults.append(f"{var} lacks {known_name(known, ca_id)}")
-    if lacking_defaults:
-        findings.append(
-            finding(
-                "defaults-lack-2023",
-                "warning",
-                "; ".join(lacking_defaults) + ": 'restore factory keys' in the firmware setup "
-                "would drop the 2023 certificates again",
-            )
-        )
-
-    uefi_ca_2011 = [fp for fp, (ca_id, _n, _h) in known.items() if ca_id == "uefi_ca_2011"]
-    for shim in report["shims"] if report["secure_boot_active"] else []:
-        if not shim["accepted"]:
-            why = refusal(shim)
-            findings.append(
-                finding(
-                    "shim-not-accepted",
-                    "action" if managed else "warning",
-                    f"{shim['path']} would not boot with this firmware: {why}",
-                )
-            )
-        elif (
-            managed
-            and not shim["hash_in_db"]
-            and {
-                fp
-                for sig in shim["signatures"]
-                if sig["accepted"]
-                for fp in sig["chains_to_db_sha256"]
-            }
-            <= set(uefi_ca_2011)
-        ):
-            findings.append(
-                finding(
-                    "shim-2011-only",
-                    "info",
-                    f"{shim['path']} boots only through Microsoft Corporation UEFI CA 2011",
-                )
-            )
-
-    fwupd = report["fwupd"]
-    if kek_missing or db_missing:
-        if report["source"]["kind"] == "varstore":
-            steps.append(
-                "For this virtual machine: update the ovmf package and recreate the "
-                "VM's NVRAM from a template that holds the 2023 certificates, or run "
-                "fwupd inside the VM."
-            )
-        if not fwupd["installed"]:
-            steps.append(f"Install fwupd {FWUPD_MINIMUM} or later: apt install fwupd")
-        elif not fwupd["recent_enough"]:
-            steps.append(
-                f"Upgrade fwupd ({fwupd['version']}) to {FWUPD_MINIMUM} or later: "
-                "apt install fwupd"
-            )
-        steps.append(
-            "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
-            "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database')."
-        )
-        if kek_missing:
-            steps.append(
-                "The KEK update must be signed by the machine maker's platform key: "
-                "if LVFS offers none for this machine, install the maker's firmware "
-                "(BIOS) update; enrolling by hand (efitools) is the last resort."
-            )
-        if db_missing and has("kek_ca_2011", "KEK"):
-            steps.append(
-                "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
-                "which this machine has: it can be applied now."
-            )
-        steps.append(PCR7_WARNING)
-    if lacking_defaults:
-        steps.append(
-            "Do not use 'restore factory keys' in the firmware setup until a "
-            "firmware update from the maker brings 2023 defaults."
-        )
-    if any(f["code"] == "shim-not-accepted" and f["severity"] == "action" for f in findings):
-        steps.append(
-            "Do not reboot into the new shim before db holds a CA it chains to "
-            "(Microsoft UEFI CA 2023 or 2011)."
-        )
-    if any(f["code"] == "test-key" for f in findings):
-        steps.append(
-            "Ask the machine maker for a firmware update with a real platform key, "
-            "or enrol your own PK, KEK and db."
-        )
-
-    report["findings"] = findings
-    report["next_steps"] = steps
-    if not report["secure_boot_active"]:
-        report["verdict"], report["exit_status"] = "not-applicable", EXIT_NOT_APPLICABLE
-    elif any(f["severity"] == "action" for f in findings):
-        report["verdict"], report["exit_status"] = "action-needed", EXIT_ACTION
-    else:
-        report["verdict"], report["exit_status"] = "ok", EXIT_OK
-
-
-def refusal(shim: dict) -> str:
-    """Why the firmware refuses a shim, in the order edk2 checks."""
-    sigs = shim["signatures"]
-    revoked = [s for s in sigs if s["revoked_by_dbx"] and s["digest_matches"]]
-    if shim["hash_in_dbx"]:
-        return "dbx revokes its Authenticode hash"
-    if revoked:
-        names = ", ".join(n for s in revoked for n in s["revoked_by_dbx"])
-        return (
-            f"dbx revokes {names}, which signature {revoked[0]['index']} carries or chains "
-            "to, and the firmware refuses an image when any of its signatures is revoked"
-        )
-    if not sigs:
-        return "it is not signed and db does not hold its hash"
-    if not any(s["digest_matches"] for s in sigs):
-        return "no signature covers this image (changed after signing?)"
-    return "no signature chains to a certificate in db"
-
-
-def known_name(known, ca_id: str) -> str:
-    return next(name for (i, name, _home) in known.values() if i == ca_id)
-
-
 def build_report(
     kind: str,
     path: str,
@@ -562,19 +444,73 @@ def build_report(
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS,
 ) -> dict:
-    """The report for one set of firmware variables (efivarfs or a varstore)."""
+    """The report for one set of firmware variables (efivarfs or a varstore).
+
+    The X.509 library warns (a country name of three letters, a negative serial number)
+    each time such a certificate's fields are read: the warnings of the entries became
+    findings when they were read, the rest go to the debug log, never to stderr.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = gather(kind, path, variables, shims, root, now, known)
+        rules.assess(report, known)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        log.debug("%s: warning from a library: %s", printable(path), printable(message))
+    for database in report["variables"].values():
+        for key in [k for k in database or () if k.startswith("_")]:
+            del database[key]
+    del report["_facts"]
+    return report
+
+
+def firmware_state(
+    kind: str, variables: Dict[str, efi.Variable], path: str
+) -> Tuple[Optional[bool], Optional[bool], Optional[int]]:
+    """(SecureBoot, SetupMode, SecureBootEnable's value or None) of a source.
+
+    An NVRAM file has no live SecureBoot variable: it is decided as edk2's AuthVariableLib
+    decides at boot.  User mode when a PK variable exists (whether or not it holds a
+    usable certificate); Secure Boot then enforces unless SecureBootEnable (switched in
+    the firmware setup) exists and is not 1.
+    """
+    if kind != "varstore":
+        return (
+            efi.boolean_variable(variables, "SecureBoot", path),
+            efi.boolean_variable(variables, "SetupMode", path),
+            None,
+        )
+    pk = variables.get("PK")
+    user_mode = pk is not None and bool(pk.data)
+    enable = variables.get("SecureBootEnable")
+    value = (enable.data[0] if enable.data else 0) if enable is not None else None
+    return user_mode and value in (None, 1), not user_mode, value
+
+
+def pk_owner(pk: Optional[dict]) -> Optional[str]:
+    """The first PK certificate's name (one only decoded from PEM text if need be); an
+    empty subject still names an enrolled PK: by its fingerprint then."""
+    certs = (pk["certificates"] + pk["_unusable"]) if pk else []
+    if not certs:
+        return None
+    return certs[0]["subject_cn"] or f"sha256:{certs[0]['sha256']}"
+
+
+def gather(
+    kind: str,
+    path: str,
+    variables: Dict[str, efi.Variable],
+    shims: Sequence[Path],
+    root: Path,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> dict:
+    """What the rules judge: the report's facts, and private ones under _facts."""
     databases = {
         name: describe_database(variables.get(name), path, now, known)
         for name in efi.SIGNATURE_DATABASES
     }
-    pk = databases["PK"]
-    pk_enrolled = bool(pk and pk["certificates"])
-    if kind == "varstore":
-        # An NVRAM file has no live SecureBoot variable: with a PK the firmware enforces.
-        secure_boot, setup_mode = pk_enrolled, not pk_enrolled
-    else:
-        secure_boot = efi.boolean_variable(variables, "SecureBoot", path)
-        setup_mode = efi.boolean_variable(variables, "SetupMode", path)
+    check_readable(databases, path)
+    secure_boot, setup_mode, secure_boot_enable = firmware_state(kind, variables, path)
     images = [efi.read_pe(p) for p in shims]
     for image in images:
         log.debug(
@@ -583,29 +519,25 @@ def build_report(
             image.sha256,
             len(image.signatures),
         )
-    report = {
+    shown = ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
+    return {
         "source": {"kind": kind, "path": path},
         "secure_boot": secure_boot,
         "setup_mode": setup_mode,
         "secure_boot_active": bool(secure_boot) and not setup_mode,
-        # An empty subject still names an enrolled PK: by its fingerprint then.
-        "pk_owner": (
-            (pk["certificates"][0]["subject_cn"] or f"sha256:{pk['certificates'][0]['sha256']}")
-            if pk_enrolled
-            else None
-        ),
-        "variables": {
-            name: databases[name] for name in ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
-        },
+        "pk_owner": pk_owner(databases["PK"]),
+        "variables": {name: databases[name] for name in shown},
         "microsoft_cas": presence(databases, known),
         "shims": [check_shim(image, databases, now, known) for image in images],
         "fwupd": fwupd_status(root),
+        "_facts": {
+            "secure_boot_enable": secure_boot_enable,
+            "problems": {name: databases[name]["_problems"] for name in shown if databases[name]},
+            "pk_unusable": bool(databases["PK"])
+            and bool(variables["PK"].data)
+            and not databases["PK"]["certificates"],
+        },
     }
-    assess(report, known)
-    for database in databases.values():
-        if database is not None:
-            database.pop("_entries", None)
-    return report
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -617,6 +549,8 @@ def printable(text: str) -> str:
     Certificate names come from the firmware: a newline or a terminal escape in one must
     not forge lines (a fake verdict) or colours in the text report and the log.
     """
+    if text.isprintable():
+        return text  # the common case, without a Python loop over every character
     out = []
     for ch in text:
         if ch.isprintable():
@@ -823,11 +757,15 @@ def evaluate(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
     and to scripts: a hostile or unforeseen input must exit 2 with one line instead.
     """
     try:
-        with warnings.catch_warnings():
-            # cryptography warns about e.g. negative serial numbers each time they are read:
-            # hostile input gets a report or one error line, never library warnings.
-            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-            return collect(args, now)
+        with warnings.catch_warnings(record=True) as caught:
+            # Whatever build_report() did not turn into findings: to the debug log, never
+            # to stderr (hostile input gets a report or one error line).
+            warnings.simplefilter("always")
+            try:
+                return collect(args, now)
+            finally:
+                for message in dict.fromkeys(str(w.message) for w in caught):
+                    log.debug("warning from a library: %s", printable(message))
     except Error:
         raise
     except Exception as exc:
@@ -846,12 +784,43 @@ def combined_status(reports: List[dict]) -> int:
     return EXIT_NOT_APPLICABLE
 
 
+def json_document(reports: List[dict], status: int) -> dict:
+    """The --json document: every report, and all their findings in one list, each
+    with the path of the source it is about."""
+    findings = [
+        {**f, "source": report["source"]["path"]} for report in reports for f in report["findings"]
+    ]
+    return {"reports": reports, "findings": findings, "exit_status": status}
+
+
+def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Error) -> int:
+    """No UEFI here: a verdict, not an error.  One info line on stderr (the weekly
+    service logs it as such, -q or not), or with --json a document saying so."""
+    if textfile:
+        write_metrics(textfile, [], exc.code)
+    if args.json:
+        emit_json(
+            {
+                "applicable": False,
+                "reason": str(exc),
+                "reports": [],
+                "findings": [finding("no-uefi", "info", str(exc))],
+                "exit_status": exc.code,
+            }
+        )
+    else:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+    return exc.code
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     quiet = getattr(args, "verbosity", 0) == -1
     textfile = textfile_directory(args.textfile_dir)
     try:
         reports = evaluate(args, now)
+    except NotApplicable as exc:
+        return not_applicable(args, textfile, exc)
     except Error as exc:
         if textfile:
             try:
@@ -865,7 +834,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         # Before the report: a failure to write the metric then prints one error line only.
         write_metrics(textfile, reports, status)
     if args.json:
-        emit_json({"reports": reports, "exit_status": status})
+        emit_json(json_document(reports, status))
     else:
         print("\n".join(render_text(r, quiet) for r in reports), end="")
     return status

@@ -1,25 +1,30 @@
 """Strict parsers for secureboot-ca-check: efivarfs, edk2 varstores, signature lists, PE."""
 
+import base64
 import datetime
+import functools
 import hashlib
 import os
+import re
 import stat
 import struct
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Tuple
+from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.serialization import pkcs7
+from cryptography.hazmat.primitives.serialization import Encoding, pkcs7
+from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
 
 GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 IMAGE_SECURITY_GUID = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"
+# edk2's gEfiSecureBootEnableDisableGuid: SecureBootEnable, set in the firmware setup.
+SECURE_BOOT_ENABLE_GUID = "f0a30bc7-af08-4556-99c4-001009c93a44"
 MICROSOFT_OWNER = "77fa9abd-0359-4d32-bd60-28f4e78f784b"
 
 # (name, vendor GUID) of every variable the report reads.
@@ -34,6 +39,7 @@ VARIABLES: Dict[str, str] = {
     "KEKDefault": GLOBAL_GUID,
     "dbDefault": GLOBAL_GUID,
     "dbxDefault": GLOBAL_GUID,
+    "SecureBootEnable": SECURE_BOOT_ENABLE_GUID,
 }
 SIGNATURE_DATABASES = (
     "PK",
@@ -78,10 +84,20 @@ DIGESTS = ("sha256", "sha1", "sha384", "sha512")
 MAX_VARIABLE = 1 << 20  # no firmware variable comes near 1 MiB
 MAX_VARSTORE = 64 << 20
 MAX_PE = 64 << 20
+# Debian's shim has two signatures; thousands of different ones are a crafted image,
+# refused before the certificates of each are decoded and checked against db and dbx
+# (repeats of one cost nothing: parse_pe decodes each distinct signature once).
+MAX_SIGNATURES = 64
 
 
 def guid_str(raw: bytes) -> str:
-    return str(uuid.UUID(bytes_le=bytes(raw)))
+    return guid_text(bytes(raw))
+
+
+@functools.lru_cache(maxsize=256)
+def guid_text(raw: bytes) -> str:
+    """A GUID's text form; cached, as thousands of entries share an owner GUID."""
+    return str(uuid.UUID(bytes_le=raw))
 
 
 # --- signature lists ----------------------------------------------------------------------
@@ -95,6 +111,28 @@ class Entry:
     owner: str
     data: bytes
     cert: Optional[x509.Certificate] = None
+    # False for a certificate the report could decode but firmware cannot use (PEM text).
+    usable: bool = True
+
+
+@dataclass
+class Problem:
+    """Something in a variable's signature lists that is not as the specification says.
+
+    severity as in debadmin.findings; strict parsing refuses every problem but the
+    harmless ones (STRICT_IGNORES).
+    """
+
+    code: str
+    severity: str
+    message: str
+    strict: Optional[str] = None  # the strict parser's message, when it differs
+
+
+# Zero padding after a DER certificate (some firmware pads up to SignatureSize) and the
+# X.509 library's warnings were accepted by the strict parser from the start.
+STRICT_IGNORES = ("certificate-padding", "x509-warning")
+PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
 
 def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
@@ -104,64 +142,185 @@ def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
     a size that does not fit the type, a non-empty header or an undecodable certificate.
     """
     entries: List[Entry] = []
+    for item in walk_signature_lists(data):
+        if isinstance(item, Entry):
+            if item.usable:
+                entries.append(item)
+        elif item.code not in STRICT_IGNORES:
+            raise Error(f"{what}: {item.strict or item.message}")
+    return entries
+
+
+def read_signature_lists(data: bytes) -> Tuple[List[Entry], List[Problem]]:
+    """The entries of data that can be read, and a Problem for each thing that cannot.
+
+    Real firmware is not spec-clean: PEM text in an X.509 list, padding, one broken entry
+    among good ones.  The firmware skips what it cannot parse, and so does the report.
+    """
+    entries: List[Entry] = []
+    problems: List[Problem] = []
+    for item in walk_signature_lists(data):
+        (entries if isinstance(item, Entry) else problems).append(item)
+    return entries, problems
+
+
+def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
+    """Entries and problems in the order found; a problem in a list's header skips that
+    list when its size is sound, and ends the walk when it is not."""
     offset = 0
     number = 0
     while offset < len(data):
         number += 1
-        where = f"{what}: signature list {number} at byte {offset}"
-        if len(data) - offset < 28:
-            raise Error(f"{where}: truncated header ({len(data) - offset} of 28 bytes)")
+        where = f"signature list {number} at byte {offset}"
+        left = len(data) - offset
+        if left < 28:
+            padding = not data[offset:].strip(b"\0") or not data[offset:].strip(b"\xff")
+            yield Problem(
+                "padding" if padding else "unreadable",
+                "info" if padding else "warning",
+                f"{where}: truncated header ({left} of 28 bytes)"
+                + (", padding" if padding else ", not read"),
+            )
+            return
         type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
-        sig_type = guid_str(type_raw)
-        if sig_type not in SIGNATURE_TYPES:
-            raise Error(f"{where}: unknown signature type {sig_type}")
-        kind, fixed = SIGNATURE_TYPES[sig_type]
-        if list_size > len(data) - offset:
-            raise Error(
-                f"{where}: size {list_size} runs past the end of the data "
-                f"({len(data) - offset} bytes left)"
+        if list_size > left or list_size < 28:
+            # The size is what leads to the next list: nothing after this one can be read.
+            if guid_str(type_raw) not in SIGNATURE_TYPES:
+                why = f"unknown signature type {guid_str(type_raw)}"
+            elif list_size > left:
+                why = f"size {list_size} runs past the end of the data ({left} bytes left)"
+            else:
+                why = f"list size {list_size} is not a whole number of signatures"
+            yield Problem(
+                "unreadable", "warning", f"{where}: {why}; the remaining {left} bytes are not read"
             )
-        if header_size != 0:
-            raise Error(f"{where}: header size {header_size} (must be 0 for {kind})")
-        if sig_size <= 16 or (fixed is not None and sig_size != fixed):
-            raise Error(f"{where}: signature size {sig_size} is wrong for {kind}")
-        body = list_size - 28
-        if body <= 0 or body % sig_size:
-            raise Error(
-                f"{where}: list size {list_size} is not a whole number of "
-                f"{sig_size}-byte signatures"
-            )
-        start = offset + 28
-        for index in range(body // sig_size):
-            at = start + index * sig_size
-            owner = guid_str(data[at : at + 16])
-            payload = bytes(data[at + 16 : at + sig_size])
-            entry = Entry(kind, owner, payload)
-            if kind == "x509":
-                try:
-                    # Some firmware pads certificates with zeros up to SignatureSize.
-                    length = der_length(payload)
-                    if length > len(payload) or payload[length:].strip(b"\0"):
-                        raise ValueError("the DER length does not match the entry")
-                    entry.cert = load_certificate(payload[:length])
-                except Exception as exc:  # cryptography raises ValueError and friends
-                    raise Error(
-                        f"{where}: entry {index + 1} is not a DER X.509 "
-                        f"certificate ({exc.__class__.__name__})"
-                    ) from None
-            entries.append(entry)
+            return
+        problem = list_header_problem(guid_str(type_raw), list_size, header_size, sig_size)
+        if problem:
+            yield Problem("unreadable", "warning", f"{where}: {problem}; list skipped")
+        else:
+            yield from list_entries(data, offset, list_size, sig_size, guid_str(type_raw), where)
         offset += list_size
-    return entries
+
+
+def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_size: int):
+    """Why a signature list's header does not fit its type (None: it does)."""
+    if sig_type not in SIGNATURE_TYPES:
+        return f"unknown signature type {sig_type}"
+    kind, fixed = SIGNATURE_TYPES[sig_type]
+    if header_size != 0:
+        return f"header size {header_size} (must be 0 for {kind})"
+    if sig_size <= 16 or (fixed is not None and sig_size != fixed):
+        return f"signature size {sig_size} is wrong for {kind}"
+    body = list_size - 28
+    if body <= 0 or body % sig_size:
+        return f"list size {list_size} is not a whole number of {sig_size}-byte signatures"
+    return None
+
+
+def list_entries(
+    data: bytes, offset: int, list_size: int, sig_size: int, sig_type: str, where: str
+) -> Iterator[Union[Entry, Problem]]:
+    kind = SIGNATURE_TYPES[sig_type][0]
+    start = offset + 28
+    for index in range((list_size - 28) // sig_size):
+        at = start + index * sig_size
+        owner = guid_str(data[at : at + 16])
+        payload = bytes(data[at + 16 : at + sig_size])
+        if kind != "x509":
+            yield Entry(kind, owner, payload)
+            continue
+        yield from x509_entry(payload, owner, f"{where}: entry {index + 1}")
+
+
+def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, Problem]]:
+    """The certificate in one X.509 entry, and what is odd about it."""
+    try:
+        length = der_length(payload)
+        if length > len(payload):
+            raise ValueError("the DER length does not match the entry")
+        cert, caught = load_certificate_recording(payload[:length])
+    except Exception as exc:  # cryptography raises ValueError and friends
+        pem = pem_certificate(payload)
+        if pem is None:
+            yield Problem(
+                "unreadable",
+                "warning",
+                f"{where} is not a DER X.509 certificate ({exc.__class__.__name__}); skipped",
+            )
+            return
+        cert, caught, label = pem
+        yield Problem(
+            "pem-entry",
+            "warning",
+            f"{where} is PEM text ('BEGIN {label}'), not a DER certificate: firmware cannot "
+            f"use '{short_name(cert)}' from it",
+        )
+        yield Entry("x509", owner, payload, cert, usable=False)
+        yield from warning_problems(caught, where, cert)
+        return
+    tail = payload[length:]
+    if tail:
+        zeros = not tail.strip(b"\0")
+        yield Problem(
+            "certificate-padding" if zeros else "trailing-data",
+            "info",
+            f"{where}: {len(tail)} bytes of {'zero padding' if zeros else 'other data'} "
+            "after the certificate",
+            f"{where} is not a DER X.509 certificate (ValueError)",
+        )
+    yield Entry("x509", owner, payload[:length], cert)
+    yield from warning_problems(caught, where, cert)
+
+
+def warning_problems(caught: List[str], where: str, cert: x509.Certificate):
+    for message in caught:
+        yield Problem(
+            "x509-warning",
+            "info",
+            f"{where} ('{short_name(cert)}'): the X.509 library warns: {message}",
+        )
+
+
+def short_name(cert: x509.Certificate) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for oid in (NameOID.COMMON_NAME, NameOID.ORGANIZATION_NAME):
+            values = cert.subject.get_attributes_for_oid(oid)
+            if values:
+                return str(values[0].value)
+        return cert.subject.rfc4514_string()
+
+
+def pem_certificate(payload: bytes):
+    """(certificate, warnings, header label) when payload is PEM text around a DER
+    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)."""
+    match = PEM_BEGIN.search(payload[:256])
+    if not match:
+        return None
+    end = payload.find(b"-----END", match.end())
+    body = payload[match.end() : end if end >= 0 else len(payload)]
+    try:
+        der = base64.b64decode(b"".join(body.split()), validate=True)
+        cert, caught = load_certificate_recording(der[: der_length(der)])
+    except Exception:  # binascii.Error, ValueError and friends
+        return None
+    return cert, caught, match.group(1).decode("ascii")
+
+
+def load_certificate_recording(der: bytes) -> Tuple[x509.Certificate, List[str]]:
+    """load_certificate(), and the distinct warnings the X.509 library gave on the way."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cert = load_certificate(der)
+    return cert, list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def load_certificate(der: bytes) -> x509.Certificate:
     """A DER certificate whose fields the report reads, parsed now (names parse lazily)."""
-    with warnings.catch_warnings():
-        # e.g. "negative serial number": hostile input must not print warnings.
-        warnings.simplefilter("ignore")
-        cert = x509.load_der_x509_certificate(der)
-        cert.subject, cert.issuer, cert.serial_number  # noqa: B018
-        validity(cert)
+    cert = x509.load_der_x509_certificate(der)
+    cert.subject, cert.issuer, cert.serial_number  # noqa: B018
+    validity(cert)
     return cert
 
 
@@ -275,6 +434,32 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     entry in the VAR_ADDED state counts, else the last one in VAR_ADDED &
     VAR_IN_DELETED_TRANSITION (an update interrupted before the new copy was complete).
     """
+    start, end, authenticated = parse_store_header(data, source)
+    added: Dict[str, tuple] = {}
+    in_transition: Dict[str, tuple] = {}
+    for copy in walk_variables(data, start, end, authenticated, source):
+        offset, state, attributes, name, data_at, data_size = copy
+        if name not in added:
+            (added if state == VAR_ADDED else in_transition)[name] = copy
+    variables = {}
+    # Only the copies the firmware uses: a stale one it passes over may be anything.
+    for offset, _state, attributes, name, data_at, data_size in {
+        **in_transition,
+        **added,
+    }.values():
+        if data_size > MAX_VARIABLE:
+            raise Error(
+                f"{source}: variable at byte {offset}: {name} is {data_size} bytes, "
+                f"larger than any firmware variable ({MAX_VARIABLE} bytes)"
+            )
+        check_attributes(name, attributes, source)
+        data_copy = data[data_at : data_at + data_size]
+        variables[name] = Variable(name, VARIABLES[name], attributes, data_copy)
+    return variables
+
+
+def parse_store_header(data: bytes, source: str) -> Tuple[int, int, bool]:
+    """(offset of the first variable, end of the store, authenticated) of an NVRAM image."""
     if len(data) < 0x48:
         raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
     (
@@ -306,13 +491,8 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     store_guid, store_size, store_format, store_state = struct.unpack_from(
         "<16sIBB", data, header_length
     )
-    store_guid = guid_str(store_guid)
-    if store_guid == AUTH_VARIABLE_GUID:
-        authenticated = True
-    elif store_guid == PLAIN_VARIABLE_GUID:
-        authenticated = False
-    else:
-        raise Error(f"{source}: unknown variable store signature {store_guid}")
+    if guid_str(store_guid) not in (AUTH_VARIABLE_GUID, PLAIN_VARIABLE_GUID):
+        raise Error(f"{source}: unknown variable store signature {guid_str(store_guid)}")
     if store_format != STORE_FORMATTED or store_state != STORE_HEALTHY:
         raise Error(
             f"{source}: variable store is not formatted and healthy "
@@ -320,68 +500,61 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
         )
     if store_size < 28 or header_length + store_size > fv_length:
         raise Error(f"{source}: variable store size {store_size} exceeds the volume")
-    end = header_length + store_size
-    header_size = 60 if authenticated else 32
-    offset = (header_length + 28 + 3) & ~3
-    wanted = {(name, guid) for name, guid in VARIABLES.items()}
-    variables: Dict[str, Variable] = {}
-    in_transition: Dict[str, Variable] = {}
+    start = (header_length + 28 + 3) & ~3
+    return start, header_length + store_size, guid_str(store_guid) == AUTH_VARIABLE_GUID
+
+
+AUTH_HEADER = struct.Struct("<HBBIQ16sIII16s")
+PLAIN_HEADER = struct.Struct("<HBBIII16s")
+# The variables the report reads, as a varstore spells them: UTF-16 name with its NUL,
+# and vendor GUID bytes (a million headers are matched without decoding one).
+WANTED_RAW = {
+    ((name + "\0").encode("utf-16-le"), uuid.UUID(guid).bytes_le): name
+    for name, guid in VARIABLES.items()
+}
+
+
+def walk_variables(
+    data: bytes, offset: int, end: int, authenticated: bool, source: str
+) -> Iterator[Tuple[int, int, int, str, int, int]]:
+    """(offset, state, attributes, name, data offset, data size) of each valid copy
+    (VAR_ADDED or VAR_ADDED & VAR_IN_DELETED_TRANSITION) of a variable the report reads.
+
+    Every header is checked; the loop is kept lean because a crafted 64 MiB store holds
+    a million of them.
+    """
+    header = AUTH_HEADER if authenticated else PLAIN_HEADER
+    header_size = header.size
+    unpack = header.unpack_from
+    valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
     while offset + header_size <= end:
-        start_id = struct.unpack_from("<H", data, offset)[0]
-        if start_id == 0xFFFF:
-            break  # the erased rest of the store
-        if start_id != VAR_START_ID:
+        fields = unpack(data, offset)
+        if fields[0] != VAR_START_ID:
+            if fields[0] == 0xFFFF:
+                return  # the erased rest of the store
             raise Error(
-                f"{source}: corrupt variable header at byte {offset} " f"(start 0x{start_id:04x})"
+                f"{source}: corrupt variable header at byte {offset} (start 0x{fields[0]:04x})"
             )
-        if authenticated:
-            (
-                _sid,
-                state,
-                _r,
-                attributes,
-                _count,
-                _time,
-                _pki,
-                name_size,
-                data_size,
-                vendor,
-            ) = struct.unpack_from("<HBBIQ16sIII16s", data, offset)
-        else:
-            _sid, state, _r, attributes, name_size, data_size, vendor = struct.unpack_from(
-                "<HBBIII16s", data, offset
-            )
-        where = f"{source}: variable at byte {offset}"
+        # Both header layouts end in NameSize, DataSize, VendorGuid.
+        state, attributes = fields[1], fields[3]
+        name_size, data_size, vendor = fields[-3:]
         if name_size < 2 or name_size % 2 or name_size > 1024:
-            raise Error(f"{where}: bad name size {name_size}")
-        name_at = offset + header_size
-        data_at = name_at + name_size
+            raise Error(f"{source}: variable at byte {offset}: bad name size {name_size}")
+        data_at = offset + header_size + name_size
         if data_size > end - data_at or data_at > end:
-            raise Error(f"{where}: data size {data_size} runs past the variable store")
-        raw_name = data[name_at:data_at]
-        if raw_name[-2:] != b"\0\0":
-            raise Error(f"{where}: name is not NUL-terminated")
-        try:
-            name = raw_name[:-2].decode("utf-16-le")
-        except UnicodeDecodeError:
-            raise Error(f"{where}: name is not UTF-16") from None
-        guid = guid_str(vendor)
-        valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
-        if state in valid and (name, guid) in wanted and name not in variables:
-            variable = Variable(name, guid, attributes, bytes(data[data_at : data_at + data_size]))
-            if state == VAR_ADDED:
-                variables[name] = variable
-            else:
-                in_transition[name] = variable
+            raise Error(
+                f"{source}: variable at byte {offset}: data size {data_size} runs past the "
+                "variable store"
+            )
+        if data[data_at - 2 : data_at] != b"\0\0":
+            raise Error(f"{source}: variable at byte {offset}: name is not NUL-terminated")
+        if state in valid:
+            name = WANTED_RAW.get((data[offset + header_size : data_at], vendor))
+            if name is not None:
+                yield offset, state, attributes, name, data_at, data_size
         offset = (data_at + data_size + 3) & ~3
-    else:
-        if offset < end and data[offset:end].strip(b"\xff"):
-            raise Error(f"{source}: truncated variable header at byte {offset}")
-    chosen = {**in_transition, **variables}
-    # Only the copies the firmware uses: a stale one it passes over may be anything.
-    for variable in chosen.values():
-        check_attributes(variable.name, variable.attributes, source)
-    return chosen
+    if offset < end and data.count(b"\xff", offset, end) != end - offset:
+        raise Error(f"{source}: truncated variable header at byte {offset}")
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
@@ -454,6 +627,20 @@ def der_length(blob: bytes) -> int:
 
 def parse_pe(data: bytes, source: str) -> PeImage:
     """The Authenticode digest and signatures of a PE/COFF image, checked strictly."""
+    layout = security_directory(data, source)
+    digests = AuthenticodeDigests(data, *layout)
+    signatures = read_signatures(data, source, layout[2], layout[3], digests)
+    return PeImage(
+        source,
+        digests.hex("sha256"),
+        signatures=signatures,
+        digests={algorithm: digests.hex(algorithm) for algorithm in digests.computed},
+    )
+
+
+def security_directory(data: bytes, source: str) -> Tuple[int, int, int, int]:
+    """(checksum offset, security directory entry offset, certificate table offset and
+    size) of a PE/COFF image, its headers checked."""
     if len(data) < 0x40 or data[:2] != b"MZ":
         raise Error(f"{source}: not a PE image (no MZ header)")
     pe = struct.unpack_from("<I", data, 0x3C)[0]
@@ -464,12 +651,9 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     if optional + optional_size > len(data) or optional_size < 2:
         raise Error(f"{source}: optional header runs past the end of the file")
     magic = struct.unpack_from("<H", data, optional)[0]
-    if magic == 0x10B:
-        rva_count_at = optional + 92
-    elif magic == 0x20B:
-        rva_count_at = optional + 108
-    else:
+    if magic not in (0x10B, 0x20B):
         raise Error(f"{source}: unknown optional header magic 0x{magic:04x}")
+    rva_count_at = optional + (92 if magic == 0x10B else 108)
     if rva_count_at + 4 > optional + optional_size:
         raise Error(f"{source}: optional header too short")
     rva_count = struct.unpack_from("<I", data, rva_count_at)[0]
@@ -477,68 +661,93 @@ def parse_pe(data: bytes, source: str) -> PeImage:
     if rva_count < 5 or security_entry + 8 > optional + optional_size:
         raise Error(f"{source}: image has no security data directory")
     cert_offset, cert_size = struct.unpack_from("<II", data, security_entry)
-    checksum_at = optional + 64
     if cert_size and (cert_offset < security_entry + 8 or cert_offset + cert_size > len(data)):
         raise Error(
             f"{source}: certificate table ({cert_offset}+{cert_size}) lies outside "
             f"the file ({len(data)} bytes)"
         )
-    # Authenticode digest: everything except the checksum, the security directory entry
-    # and the certificate table itself (sbsign's and pesign's layout: the table is last).
-    view = memoryview(data)  # no copies of a megabyte-sized image
-    if cert_size:
-        parts = (
-            view[:checksum_at],
-            view[checksum_at + 4 : security_entry],
-            view[security_entry + 8 : cert_offset],
-            view[cert_offset + cert_size :],
-        )
-    else:
-        parts = (
-            view[:checksum_at],
-            view[checksum_at + 4 : security_entry],
-            view[security_entry + 8 :],
-        )
-    raw_digests = {}
-    for algorithm in DIGESTS:
-        digest = hashlib.new(algorithm)
-        for part in parts:
-            digest.update(part)
-        raw_digests[algorithm] = digest.digest()
-    image = PeImage(
-        source,
-        raw_digests["sha256"].hex(),
-        digests={algorithm: raw.hex() for algorithm, raw in raw_digests.items()},
-    )
+    return optional + 64, security_entry, cert_offset, cert_size
+
+
+class AuthenticodeDigests:
+    """The image's Authenticode digests, each computed when first asked for (SHA-256
+    always; the others only for a signature that does not sign the SHA-256 one): everything
+    except the checksum, the security directory entry and the certificate table itself
+    (sbsign's and pesign's layout: the table is last)."""
+
+    def __init__(
+        self, data: bytes, checksum_at: int, security_entry: int, cert_offset: int, size: int
+    ):
+        view = memoryview(data)  # no copies of a megabyte-sized image
+        self.parts = [view[:checksum_at], view[checksum_at + 4 : security_entry]]
+        if size:
+            self.parts += [view[security_entry + 8 : cert_offset], view[cert_offset + size :]]
+        else:
+            self.parts += [view[security_entry + 8 :]]
+        self.computed: Dict[str, bytes] = {}
+
+    def raw(self, algorithm: str) -> bytes:
+        if algorithm not in self.computed:
+            digest = hashlib.new(algorithm)
+            for part in self.parts:
+                digest.update(part)
+            self.computed[algorithm] = digest.digest()
+        return self.computed[algorithm]
+
+    def hex(self, algorithm: str) -> str:
+        return self.raw(algorithm).hex()
+
+    def signed_in(self, blob: bytes) -> Optional[str]:
+        """The algorithm whose digest a signature's signed content holds, if any."""
+        return next((a for a in DIGESTS if self.raw(a) in blob), None)
+
+
+def read_signatures(
+    data: bytes, source: str, cert_offset: int, cert_size: int, digests: AuthenticodeDigests
+) -> List[Signature]:
+    """The WIN_CERTIFICATEs of the certificate table, each with the digest it signs."""
+    signatures: List[Signature] = []
+    end = cert_offset + cert_size
     offset = cert_offset
-    index = 0
-    while cert_size and offset < cert_offset + cert_size:
-        index += 1
-        where = f"{source}: WIN_CERTIFICATE {index} at byte {offset}"
-        if cert_offset + cert_size - offset < 8:
+    # Repeats of one signature (a crafted image has thousands) are decoded once and share
+    # their certificate list.
+    parsed: Dict[bytes, Tuple[List[x509.Certificate], Optional[str]]] = {}
+    while cert_size and offset < end:
+        where = f"{source}: WIN_CERTIFICATE {len(signatures) + 1} at byte {offset}"
+        if end - offset < 8:
             raise Error(f"{where}: truncated header")
         length, revision, cert_type = struct.unpack_from("<IHH", data, offset)
-        if length < 8 or offset + length > cert_offset + cert_size:
+        if length < 8 or offset + length > end:
             raise Error(f"{where}: length {length} runs past the certificate table")
         if revision not in (0x100, 0x200):
             raise Error(f"{where}: unknown revision 0x{revision:04x}")
         if cert_type != 2:
             raise Error(f"{where}: type {cert_type} is not PKCS#7 SignedData (2)")
         blob = data[offset + 8 : offset + length]
-        try:
-            blob = blob[: der_length(blob)]
-            with warnings.catch_warnings():
-                # e.g. "negative serial number": hostile input must not print warnings.
-                warnings.simplefilter("ignore")
-                certs = pkcs7.load_der_pkcs7_certificates(bytes(blob))
-        except Exception as exc:  # cryptography raises ValueError and friends
-            raise Error(
-                f"{where}: not a PKCS#7 SignedData structure " f"({exc.__class__.__name__})"
-            ) from None
-        algorithm = next((a for a, raw in raw_digests.items() if raw in blob), None)
-        image.signatures.append(Signature(index, list(certs), algorithm))
+        if blob not in parsed:
+            if len(parsed) == MAX_SIGNATURES:
+                raise Error(
+                    f"{source}: more than {MAX_SIGNATURES} different signatures, "
+                    "not a boot loader"
+                )
+            parsed[blob] = (signed_certificates(blob, where), digests.signed_in(blob))
+        signatures.append(Signature(len(signatures) + 1, *parsed[blob]))
         offset += (length + 7) & ~7
-    return image
+    return signatures
+
+
+def signed_certificates(blob: bytes, where: str) -> List[x509.Certificate]:
+    """The certificates a WIN_CERTIFICATE's PKCS#7 SignedData carries."""
+    try:
+        blob = blob[: der_length(blob)]
+        with warnings.catch_warnings():
+            # e.g. "negative serial number": hostile input must not print warnings.
+            warnings.simplefilter("ignore")
+            return list(pkcs7.load_der_pkcs7_certificates(bytes(blob)))
+    except Exception as exc:  # cryptography raises ValueError and friends
+        raise Error(
+            f"{where}: not a PKCS#7 SignedData structure ({exc.__class__.__name__})"
+        ) from None
 
 
 def read_pe(path: Path) -> PeImage:
@@ -573,8 +782,13 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
+def der(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(Encoding.DER)
+
+
 def fingerprint(cert: x509.Certificate, algorithm: str = "sha256") -> str:
-    return cert.fingerprint(hashes.SHA1() if algorithm == "sha1" else hashes.SHA256()).hex()
+    # hashlib over the DER: several times faster than cryptography's hash objects.
+    return hashlib.new(algorithm, der(cert)).hexdigest()
 
 
 def tbs_hashes(cert: x509.Certificate) -> Dict[str, str]:
