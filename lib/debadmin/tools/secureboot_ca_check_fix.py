@@ -496,18 +496,15 @@ def read_store_file(handle, path: Path) -> Tuple[bytes, bool]:
         if len(data) > efi.MAX_VARSTORE:
             raise Error(f"{path}: larger than {efi.MAX_VARSTORE >> 20} MiB, not a varstore")
         return data, False
+    # qemu-img reads a copy: it would refuse the file we hold locked.
+    handle.seek(0)
+    image = handle.read(2 * efi.MAX_VARSTORE + 1)
+    if len(image) > 2 * efi.MAX_VARSTORE:
+        raise Error(f"{path}: larger than {2 * efi.MAX_VARSTORE >> 20} MiB, not a varstore")
     with tempfile.TemporaryDirectory(prefix="secureboot-ca-check.") as tmp:
-        raw = Path(tmp) / "raw"
-        qemu_img(
-            "convert",
-            "-U",
-            "-f",
-            "qcow2",
-            "-O",
-            "raw",
-            f"/proc/{os.getpid()}/fd/{handle.fileno()}",
-            str(raw),
-        )
+        copy, raw = Path(tmp) / "qcow2", Path(tmp) / "raw"
+        copy.write_bytes(image)
+        qemu_img("convert", "-f", "qcow2", "-O", "raw", str(copy), str(raw))
         return efi.read_bounded(raw, efi.MAX_VARSTORE, "a varstore"), True
 
 
