@@ -59,6 +59,9 @@ CERT_DIRS = ("usr/lib/python3/dist-packages/virt/firmware/certs",)
 TEMPLATE_STORES = ("usr/share/OVMF/OVMF_VARS_4M.ms.fd", "usr/share/OVMF/OVMF_VARS.ms.fd")
 MAX_CERT_FILE = 1 << 20
 QCOW2_MAGIC = b"QFI\xfb"
+# OVMF's and ArmVirtQemu's variable stores are 256 KiB (in a flash image of up to 64 MiB);
+# a bigger one is hostile, and walking a million headers of it would take minutes.
+MAX_STORE = 2 << 20
 
 VAR_DELETED = 0xFD
 VAR_HEADER = struct.Struct("<HBBIQ16sIII16s")  # AUTHENTICATED_VARIABLE_HEADER, 60 bytes
@@ -102,30 +105,48 @@ class Store:
     start: int  # first variable header
     end: int  # end of the variable store
     free: int  # first byte after the last variable header (4-aligned)
+    fv_end: int = 0  # end of the firmware volume: what follows is copied as it is
     slots: List[Slot] = field(default_factory=list)
 
+    _current: Optional[Dict[Tuple[str, str], Slot]] = None
+
     def current(self, name: str, guid: str) -> Optional[Slot]:
-        """The copy edk2 uses (FindVariableEx): the VAR_ADDED one, else the last
+        """The copy edk2 uses (FindVariableEx): the first VAR_ADDED one, else the last
         VAR_ADDED & VAR_IN_DELETED_TRANSITION one."""
-        added = [s for s in self.slots if (s.name, s.guid) == (name, guid)]
-        for slot in added:
-            if slot.state == efi.VAR_ADDED:
-                return slot
-        transition = [s for s in added if s.state == efi.VAR_ADDED_IN_DELETED_TRANSITION]
-        return transition[-1] if transition else None
+        if self._current is None:
+            added: Dict[Tuple[str, str], Slot] = {}
+            transition: Dict[Tuple[str, str], Slot] = {}
+            for slot in self.slots:
+                key = (slot.name, slot.guid)
+                if slot.state == efi.VAR_ADDED:
+                    added.setdefault(key, slot)
+                elif slot.state == efi.VAR_ADDED_IN_DELETED_TRANSITION:
+                    transition[key] = slot
+            self._current = {**transition, **added}
+        return self._current.get((name, guid))
 
 
 def align4(value: int) -> int:
     return (value + 3) & ~3
 
 
-def walk_store(data: bytes, source: str) -> Store:
+def walk_store(data: bytes, source: str, ftw: bool = True) -> Store:
     """Every variable header of an authenticated edk2 store, checked to the end.
 
     Also checks what edk2 checks before it trusts the store (firmware volume header and its
     checksum, store header) and that the fault-tolerant write working block holds no
     unfinished write that edk2 would replay over the store at the next boot.
     """
+    if len(data) >= 0x48:
+        header_length = struct.unpack_from("<H", data, 48)[0]
+        if header_length + 20 <= len(data):
+            store_size = struct.unpack_from("<I", data, header_length + 16)[0]
+            if store_size > MAX_STORE:
+                raise Error(
+                    f"{source}: a variable store of {store_size} bytes is larger than edk2 "
+                    f"builds make them (OVMF: 256 KiB); --fix refuses more than "
+                    f"{MAX_STORE >> 20} MiB"
+                )
     # The same checks as the report's reader, first: one verdict on what is readable.
     efi.parse_varstore(data, source)
     header_length = struct.unpack_from("<H", data, 48)[0]
@@ -134,7 +155,7 @@ def walk_store(data: bytes, source: str) -> Store:
     if efi.guid_str(store_guid) != efi.AUTH_VARIABLE_GUID:
         raise Error(f"{source}: not an authenticated variable store: cannot hold KEK or db")
     end = header_length + store_size
-    store = Store(data, source, align4(header_length + 28), end, 0)
+    store = Store(data, source, align4(header_length + 28), end, 0, fv_length)
     offset = store.start
     while offset + VAR_HEADER.size <= end:
         if struct.unpack_from("<H", data, offset)[0] == 0xFFFF:
@@ -156,7 +177,8 @@ def walk_store(data: bytes, source: str) -> Store:
         store.slots.append(slot)
         offset = align4(slot.end)
     store.free = min(offset, end)
-    check_ftw(data, end, fv_length, source)
+    if ftw:
+        check_ftw(data, end, fv_length, source)
     return store
 
 
@@ -211,6 +233,18 @@ def variable_blob(old: bytes, new_data: bytes, name: str) -> bytes:
     return blob + b"\xff" * (align4(len(blob)) - len(blob))
 
 
+def readback_volume(head: bytes) -> bytes:
+    """head (a volume up to the end of its store) as a volume of its own, for reading it
+    back: the length in the header cut to it, the header checksum made again."""
+    volume = bytearray(head)
+    header_length = struct.unpack_from("<H", volume, 48)[0]
+    struct.pack_into("<Q", volume, 32, len(volume))
+    struct.pack_into("<H", volume, 50, 0)
+    checksum = -sum(struct.unpack_from(f"<{header_length // 2}H", volume)) & 0xFFFF
+    struct.pack_into("<H", volume, 50, checksum)
+    return bytes(volume)
+
+
 def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
     """The store with each (name, guid) variable given new data, as edk2 leaves it.
 
@@ -218,7 +252,9 @@ def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
     one deleted (0x3f, then 0x3e in transition, then 0x3c); without room it reclaims
     first (Reclaim): the valid variables copied compactly, the updated one last.
     """
-    data = bytearray(store.data)
+    # Up to the end of the store only: the rest of the volume (event log, FTW working
+    # and spare blocks) stays as it is, and a 64 MiB flash image is not copied.
+    data = bytearray(memoryview(store.data)[: store.end])
     olds = {key: store.current(*key) for key in updates}
     blobs = []
     for key, new_data in updates.items():
@@ -379,7 +415,7 @@ class Plan:
     present: List[str] = field(default_factory=list)  # ids already there
     unavailable: List[Tuple[str, str, str, str]] = field(default_factory=list)
     updates: Dict[Tuple[str, str], bytes] = field(default_factory=dict)
-    new_bytes: Optional[bytes] = None
+    new_bytes: Optional[Tuple[bytes, memoryview]] = None  # the new volume, the rest
 
     def as_json(self) -> dict:
         return {
@@ -443,14 +479,14 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
     for var, extra in additions.items():
         plan.updates[(var, VAR_GUIDS[var])] = current[var][1] + extra
     if plan.updates:
-        new = rewrite(store, plan.updates)
+        new = rewrite(store, plan.updates)  # bytes up to the end of the store
         # Read back what was built, as edk2 will: the same checks, the new data in place.
-        check = efi.parse_varstore(new, source)
-        walk_store(new, source)
+        check = efi.parse_varstore(readback_volume(new), source)
+        walk_store(readback_volume(new), source, ftw=False)
         for (var, _guid), value in plan.updates.items():
-            if check[var].data != value or len(new) != len(data):
+            if check[var].data != value or len(new) != store.end:
                 raise Error(f"{source}: internal error: the rewritten store does not read back")
-        plan.new_bytes = new
+        plan.new_bytes = (new, memoryview(data)[store.end :])
     return plan
 
 
@@ -514,15 +550,19 @@ def read_nvram(path: Path) -> bytes:
         return read_store_file(handle, path)[0]
 
 
-def write_store(path: Path, data: bytes, qcow2: bool, info: os.stat_result) -> None:
+def write_store(path: Path, chunks, qcow2: bool, info: os.stat_result) -> None:
     owner = {"uid": info.st_uid, "gid": info.st_gid} if os.geteuid() == 0 else {}
     mode = stat.S_IMODE(info.st_mode)
     if not qcow2:
-        fsutil.atomic_write(path, data, mode=mode, **owner)
+        with fsutil.atomic_writer(path, mode=mode, **owner) as out:
+            for chunk in chunks:
+                out.write(chunk)
         return
     with tempfile.TemporaryDirectory(prefix="secureboot-ca-check.") as tmp:
         raw = Path(tmp) / "raw"
-        raw.write_bytes(data)
+        with open(raw, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
         converted = Path(tmp) / "qcow2"
         # The cluster size libvirt and virt-fw-vars use for NVRAM.
         qemu_img(
@@ -568,10 +608,11 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
         if plan.new_bytes is None or dry_run:
             return result
         backup = backup_path(path, datetime.datetime.now(datetime.timezone.utc))
-        with open(path, "rb") as original:
-            original_bytes = original.read()
         owner = {"uid": info.st_uid, "gid": info.st_gid} if os.geteuid() == 0 else {}
-        fsutil.atomic_write(backup, original_bytes, mode=stat.S_IMODE(info.st_mode), **owner)
+        # The backup from the file we hold open (and locked), whatever its format.
+        handle.seek(0)
+        with fsutil.atomic_writer(backup, mode=stat.S_IMODE(info.st_mode), **owner) as out:
+            shutil.copyfileobj(handle, out)
         write_store(path, plan.new_bytes, qcow2, info)
         result.update({"backup": str(backup), "written": True})
         return result
