@@ -785,3 +785,28 @@ def test_libvirt_missing_nvram_is_an_error_verdict(tmp_path, capsys):
     rc, out, _ = run(capsys, "--libvirt", "--root", str(root))
     assert rc == 2 and "domain web (shut off): error:" in out
     assert "domain db1 (running): action-needed" in out
+
+
+def test_no_certificate_at_all_is_an_error(tmp_path, capsys):
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert rc == 2 and "pass them with --cert FILE" in err and out == ""
+    assert path.read_bytes() == original
+
+
+def test_certificates_from_a_template_store(tmp_path, capsys, fakes, fake_cas):
+    """sid's OVMF_VARS_4M.ms.fd enrols all four: a template under the root is a source."""
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + efi_esl(fake_cas["kek_2k_ca_2023"])
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + b"".join(
+        efi_esl(fake_cas[i])
+        for i in ("uefi_ca_2023", "windows_uefi_ca_2023", "option_rom_uefi_ca_2023")
+    )
+    template = tmp_path / fix.TEMPLATE_STORES[0]
+    template.parent.mkdir(parents=True)
+    template.write_bytes(make_store([variable("KEK", kek), variable("db", db)]))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert rc == 0 and out.count("  added ") == 4 and "OVMF_VARS_4M.ms.fd (db)" in out, err

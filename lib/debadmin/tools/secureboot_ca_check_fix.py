@@ -619,8 +619,14 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
 
 
 def available_certs(cert_files: List[str], root: Path) -> Dict[str, Cert]:
-    explicit = load_cert_files(cert_files)
-    return {**installed_certs(root), **explicit}
+    """The --cert files, then the installed copies; an Error when there is none at all."""
+    found = {**installed_certs(root), **load_cert_files(cert_files)}
+    if not found:
+        raise Error(
+            "no certificate of the 2023 CAs found (python3-virt-firmware, which bookworm "
+            "lacks, ships three): pass them with --cert FILE, see secureboot-ca-check(8)"
+        )
+    return found
 
 
 def render_fix(result: dict, dry_run: bool) -> List[str]:
