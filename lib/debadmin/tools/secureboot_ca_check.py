@@ -944,15 +944,21 @@ def dispatch(args: argparse.Namespace) -> int:
         raise Error("--fix needs --varstore FILE or --libvirt")
     if args.fix and (args.efivars or args.shim or args.textfile_dir):
         raise Error("--fix changes NVRAM files only: no --efivars, --shim or --textfile-dir")
-    if args.libvirt:
-        from debadmin.tools import secureboot_ca_check_libvirt  # noqa: E402 (imports this)
+    if not (args.libvirt or args.fix):
+        return cmd_check(args)
+    # Imported here: secureboot_ca_check_libvirt imports this module.
+    from debadmin.tools import secureboot_ca_check_fix, secureboot_ca_check_libvirt
 
-        return secureboot_ca_check_libvirt.cmd_libvirt(args)
-    if args.fix:
-        from debadmin.tools import secureboot_ca_check_fix
-
-        return secureboot_ca_check_fix.cmd_fix(args)
-    return cmd_check(args)
+    command = secureboot_ca_check_libvirt.cmd_libvirt if args.libvirt else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            return (command or secureboot_ca_check_fix.cmd_fix)(args)
+    except Error:
+        raise
+    except Exception as exc:  # one line, never a traceback (the writes are atomic)
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
