@@ -810,3 +810,16 @@ def test_certificates_from_a_template_store(tmp_path, capsys, fakes, fake_cas):
     path.write_bytes(make_store(ms_variables()))
     rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
     assert rc == 0 and out.count("  added ") == 4 and "OVMF_VARS_4M.ms.fd (db)" in out, err
+
+
+def test_libvirt_firmware_autoselection_default_nvram(tmp_path, capsys):
+    root = tmp_path / "root"
+    (root / "etc/libvirt/qemu").mkdir(parents=True)
+    (root / "var/lib/libvirt/qemu/nvram").mkdir(parents=True)
+    (root / "var/lib/libvirt/qemu/nvram/auto_VARS.fd").write_bytes(make_store(ms_variables()))
+    (root / "etc/libvirt/qemu/auto.xml").write_text(
+        DOMAIN_XML.format(name="auto", uuid=uuid.uuid4(), firmware=" firmware='efi'", loader="")
+    )
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert rc == 1 and domain["nvram"] == "/var/lib/libvirt/qemu/nvram/auto_VARS.fd", err

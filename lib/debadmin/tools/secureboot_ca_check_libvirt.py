@@ -59,6 +59,12 @@ def read_domains(root: Path) -> List[Domain]:
             path_text = (
                 source.get("file") if source is not None else (nvram.text or "").strip()
             ) or None
+        os_element = tree.find("os")
+        if path_text is None and os_element is not None and os_element.get("firmware") == "efi":
+            # Firmware autoselection without a chosen file yet: libvirt's default name.
+            default = f"/var/lib/libvirt/qemu/nvram/{name}_VARS.fd"
+            if (root / default.lstrip("/")).exists():
+                path_text = default
         domains.append(Domain(name, str(path), path_text))
     return domains
 
