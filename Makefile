@@ -31,7 +31,7 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 # What the integration tests use, per tool.
 TEST_DEPENDS := systemd-container
 TEST_DEPENDS += acl btrfs-progs
-TEST_DEPENDS += ovmf shim-signed python3-cryptography
+TEST_DEPENDS += ovmf shim-signed python3-cryptography qemu-utils
 TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
 TEST_DEPENDS += radvd iproute2 procps
 TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd

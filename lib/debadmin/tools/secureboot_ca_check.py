@@ -875,8 +875,59 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="also write a node_exporter textfile metric into DIR " "(an empty value means none)",
     )
-    parser.set_defaults(func=cmd_check)
+    # Fixing VM NVRAM files: secureboot_ca_check_fix and secureboot_ca_check_libvirt.
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="add the missing 2023 Microsoft CAs to the --varstore files (or, with "
+        "--libvirt, to the NVRAM of every shut-off VM); keeps a backup beside each",
+    )
+    parser.add_argument(
+        "--cert",
+        metavar="FILE",
+        action="append",
+        help="with --fix: a 2023 Microsoft CA certificate (DER or PEM) to add; repeatable",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="with --fix: list what would be added"
+    )
+    parser.add_argument(
+        "--libvirt",
+        action="store_true",
+        help="check the NVRAM of every libvirt domain (/etc/libvirt/qemu/*.xml)",
+    )
+    parser.set_defaults(func=dispatch)
     return parser
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """The report, or one of the fixing modes (in their own modules)."""
+    if args.libvirt and (args.varstore or args.efivars or args.shim or args.textfile_dir):
+        raise Error(
+            "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
+            "or --textfile-dir with it"
+        )
+    if (args.cert or args.dry_run) and not args.fix:
+        raise Error("--cert and --dry-run go with --fix")
+    if args.fix and not (args.varstore or args.libvirt):
+        raise Error("--fix needs --varstore FILE or --libvirt")
+    if args.fix and (args.efivars or args.shim or args.textfile_dir):
+        raise Error("--fix changes NVRAM files only: no --efivars, --shim or --textfile-dir")
+    if not (args.libvirt or args.fix):
+        return cmd_check(args)
+    # Imported here: secureboot_ca_check_libvirt imports this module.
+    from debadmin.tools import secureboot_ca_check_fix, secureboot_ca_check_libvirt
+
+    command = secureboot_ca_check_libvirt.cmd_libvirt if args.libvirt else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            return (command or secureboot_ca_check_fix.cmd_fix)(args)
+    except Error:
+        raise
+    except Exception as exc:  # one line, never a traceback (the writes are atomic)
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:

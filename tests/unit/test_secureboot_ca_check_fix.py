@@ -1,0 +1,825 @@
+"""Unit tests for secureboot-ca-check --fix and --libvirt: the edk2 store writer, its
+refusals, fuzzed stores and certificates, libvirt domains."""
+
+import datetime
+import fcntl
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from debadmin.tools import secureboot_ca_check as sbc
+from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_fix as fix
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
+REAL = DATA / "real"
+UEFI_CA_2023_DER = REAL / "microsoft-uefi-ca-2023.der"
+OVMF_MS = Path("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+# The certificates python3-virt-firmware ships (trixie); SECUREBOOT_TEST_CERTS may name
+# another directory holding them (tests/data/secureboot-ca-check/fetch-certs fills one).
+CERT_DIR = Path(
+    os.environ.get("SECUREBOOT_TEST_CERTS", "/usr/lib/python3/dist-packages/virt/firmware/certs")
+)
+needs_ms_certs = pytest.mark.skipif(
+    not (CERT_DIR / "MicrosoftCorporationKEK2KCA2023.pem").is_file(),
+    reason="no 2023 Microsoft certificates (python3-virt-firmware or SECUREBOOT_TEST_CERTS)",
+)
+needs_qemu_img = pytest.mark.skipif(not shutil.which("qemu-img"), reason="no qemu-img")
+FTW_AT = 0x41000
+STORE_AT = 72
+FIRST_VAR = 100
+
+
+def guid(text: str) -> bytes:
+    return uuid.UUID(text).bytes_le
+
+
+# --- builders ------------------------------------------------------------------------------
+
+
+def ftw_block(queue: bytes = b"") -> bytes:
+    """An FTW working block header as OVMF's templates carry it, then the queue."""
+    header = bytearray(guid(fix.FTW_SIGNATURES[0]) + b"\xff" * 8 + struct.pack("<Q", 0xFE0))
+    struct.pack_into("<I", header, 16, zlib.crc32(bytes(header)))
+    header[20] = 0xFE
+    return bytes(header) + queue
+
+
+def variable(name, data, state=efi.VAR_ADDED, attrs=None, vendor=None, count=0, stamp=None):
+    vendor = vendor or efi.VARIABLES.get(name, efi.GLOBAL_GUID)
+    raw_name = (name + "\0").encode("utf-16-le")
+    attrs = attrs if attrs is not None else (0x27 if name in efi.AUTHENTICATED else 0x07)
+    blob = (
+        struct.pack(
+            "<HBBIQ16sIII16s",
+            0x55AA,
+            state,
+            0,
+            attrs,
+            count,
+            stamp or bytes(16),
+            0,
+            len(raw_name),
+            len(data),
+            guid(vendor),
+        )
+        + raw_name
+        + data
+    )
+    return blob + b"\xff" * (-len(blob) % 4)
+
+
+def make_store(variables, store_size=0x3FFB8, size=0x84000, queue=b"", ftw=True) -> bytes:
+    """An edk2 NVRAM image laid out as OVMF's 4M one: FV header, authenticated store,
+    variables, FTW working block at 0x41000."""
+    fv = bytearray(b"\xff" * size)
+    header = struct.pack(
+        "<16s16sQ4sIHHHBB",
+        bytes(16),
+        guid(efi.FV_NV_GUIDS[0]),
+        size,
+        b"_FVH",
+        0x4FEFF,
+        STORE_AT,
+        0,
+        0,
+        0,
+        2,
+    )
+    header += struct.pack("<IIII", size // 0x1000, 0x1000, 0, 0)
+    checksum = (-sum(struct.unpack(f"<{len(header) // 2}H", header))) & 0xFFFF
+    fv[:STORE_AT] = header[:50] + struct.pack("<H", checksum) + header[52:]
+    fv[STORE_AT : STORE_AT + 28] = struct.pack(
+        "<16sIBBHI", guid(efi.AUTH_VARIABLE_GUID), store_size, 0x5A, 0xFE, 0, 0
+    )
+    body = b"".join(variables)
+    fv[FIRST_VAR : FIRST_VAR + len(body)] = body
+    if ftw:
+        block = ftw_block(queue)
+        fv[FTW_AT : FTW_AT + len(block)] = block
+    return bytes(fv)
+
+
+STAMP = struct.pack("<HBBBBBBIhBB", 2025, 3, 10, 2, 53, 39, 0, 0, 0, 0, 0)
+
+
+def ms_variables():
+    """CustomMode, then the real PK/KEK/db/dbx of Debian's OVMF_VARS_4M.ms.fd."""
+    out = [variable("CustomMode", b"\0", vendor="c076ec0c-7028-4399-a072-71ee5c448b9f")]
+    for name in ("db", "dbx", "KEK", "PK"):
+        out.append(
+            variable(name, (REAL / f"ovmf-ms-{name}.esl").read_bytes(), count=7, stamp=STAMP)
+        )
+    return out
+
+
+def make_ca(cn: str) -> x509.Certificate:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    now = datetime.datetime(2026, 1, 1)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(key, hashes.SHA256())
+    )
+
+
+@pytest.fixture(scope="module")
+def fake_cas():
+    """Four generated CAs standing in for the 2023 ones (Microsoft's are not committed)."""
+    return {target[0]: make_ca(f"Fake {target[1]}") for target in fix.TARGETS}
+
+
+@pytest.fixture
+def fakes(monkeypatch, tmp_path, fake_cas):
+    """fix.TARGETS pointing at the generated CAs; their PEM files; the DER of each."""
+    monkeypatch.setattr(
+        fix,
+        "TARGETS",
+        tuple((t[0], t[1], t[2], efi.fingerprint(fake_cas[t[0]])) for t in fix.TARGETS),
+    )
+    files = {}
+    for ca_id, cert in fake_cas.items():
+        path = tmp_path / f"{ca_id}.pem"
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        files[ca_id] = path
+    return files
+
+
+def der(cert):
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
+def run(capsys, *argv):
+    rc = sbc.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def cert_args(files, ids=None):
+    out = []
+    for ca_id, path in files.items():
+        if ids is None or ca_id in ids:
+            out += ["--cert", str(path)]
+    return out
+
+
+def backups(path: Path):
+    return sorted(path.parent.glob(path.name + ".*.bak"))
+
+
+def slots(data: bytes):
+    return fix.walk_store(data, "test").slots
+
+
+# --- the writer ------------------------------------------------------------------------------
+
+
+def test_targets_are_the_known_cas():
+    for ca_id, name, home, sha256 in fix.TARGETS:
+        assert sbc.KNOWN_CAS[sha256] == (ca_id, name, home)
+
+
+def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    os.chmod(path, 0o600)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and err == "", err
+    assert "added Microsoft UEFI CA 2023 to db" in out
+    new = path.read_bytes()
+    assert len(new) == len(original) and os.stat(path).st_mode & 0o777 == 0o600
+    (backup,) = backups(path)
+    assert backup.read_bytes() == original and os.stat(backup).st_mode & 0o777 == 0o600
+    # Header, FV checksum, FTW block and the rest of the volume untouched.
+    assert new[:FIRST_VAR] == original[:FIRST_VAR]
+    assert new[0x40000:] == original[0x40000:]
+    before, after = slots(original), slots(new)
+    # The old KEK and db deleted in place (0x3f & 0xfe & 0xfd), the rest unchanged.
+    assert [s.offset for s in after[: len(before)]] == [s.offset for s in before]
+    states = {s.name: s.state for s in after[: len(before)]}
+    assert states == {"CustomMode": 0x3F, "db": 0x3C, "dbx": 0x3F, "KEK": 0x3C, "PK": 0x3F}
+    kek, db = after[len(before) :]
+    assert (kek.name, db.name) == ("KEK", "db")
+    assert kek.offset == (before[-1].end + 3) & ~3 and db.offset == (kek.end + 3) & ~3
+    for slot in (kek, db):
+        header = fix.VAR_HEADER.unpack_from(new, slot.offset)
+        # StartId, VAR_ADDED, attributes NV|BS|RT|TIME_BASED_AUTH, count and time kept.
+        assert header[:5] == (0x55AA, 0x3F, 0, 0x27, 7) and header[5] == STAMP
+        assert header[6] == 0
+    assert new[db.end : 0x40000].strip(b"\xff") == b""
+    variables = efi.parse_varstore(new, "new")
+    kek_certs = [e.cert for e in efi.parse_signature_lists(variables["KEK"].data, "KEK")]
+    db_entries = efi.parse_signature_lists(variables["db"].data, "db")
+    assert der(kek_certs[-1]) == der(fake_cas["kek_2k_ca_2023"])
+    assert [der(e.cert) for e in db_entries[-3:]] == [
+        der(fake_cas[i])
+        for i in ("uefi_ca_2023", "windows_uefi_ca_2023", "option_rom_uefi_ca_2023")
+    ]
+    assert all(e.owner == efi.MICROSOFT_OWNER for e in db_entries[-3:])
+    assert variables["db"].data.startswith((REAL / "ovmf-ms-db.esl").read_bytes())
+    # Idempotent: a second run changes nothing and writes no backup.
+    rc, out, _ = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and "nothing to change" in out
+    assert path.read_bytes() == new and len(backups(path)) == 1
+
+
+def test_dry_run_and_json(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    rc, out, err = run(
+        capsys,
+        "--root",
+        str(tmp_path),
+        "--varstore",
+        str(path),
+        "--fix",
+        "--dry-run",
+        "--json",
+        *cert_args(fakes, {"kek_2k_ca_2023", "uefi_ca_2023"}),
+    )
+    doc = json.loads(out)
+    assert rc == 0 and err == ""
+    (result,) = doc["fixes"]
+    assert [a["ca"] for a in result["added"]] == ["kek_2k_ca_2023", "uefi_ca_2023"]
+    assert [u["ca"] for u in result["unavailable"]] == [
+        "windows_uefi_ca_2023",
+        "option_rom_uefi_ca_2023",
+    ]
+    assert result["written"] is False and doc["dry_run"] is True
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def test_missing_required_certificate_exits_1(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    rc, out, _ = run(
+        capsys,
+        "--root",
+        str(tmp_path),
+        "--varstore",
+        str(path),
+        "--fix",
+        *cert_args(fakes, {"uefi_ca_2023"}),
+    )
+    assert rc == 1 and "not added: Microsoft Corporation KEK 2K CA 2023" in out
+    variables = efi.read_varstore(path)
+    assert len(efi.parse_signature_lists(variables["db"].data, "db")) == 3
+
+
+def test_installed_certificates_are_found_under_root(tmp_path, capsys, fakes):
+    certs = tmp_path / fix.CERT_DIRS[0]
+    certs.mkdir(parents=True)
+    for ca_id, pem in fakes.items():
+        shutil.copy(pem, certs / f"{ca_id}.pem")
+    (certs / "unrelated.pem").write_bytes(
+        make_ca("Other").public_bytes(serialization.Encoding.PEM)
+    )
+    (certs / "broken.pem").write_bytes(
+        b"-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----"
+    )
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert rc == 0 and out.count("  added ") == 4, out
+
+
+def test_reclaim_when_the_store_is_full(tmp_path, capsys, fakes):
+    junk = []
+    size = len(b"".join(ms_variables()))
+    while size < 0x3FFB8 - 28 - 4200:
+        junk.append(variable("Junk", b"\0" * 4000, state=0x3C))
+        size += len(junk[-1])
+    # An in-transition copy without a VAR_ADDED twin is kept, as VAR_ADDED.
+    half = variable("Half", b"x", state=0x3E, vendor="11111111-2222-3333-4444-555555555555")
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables() + junk + [half])
+    path.write_bytes(original)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    new = path.read_bytes()
+    after = slots(new)
+    assert [(s.name, s.state) for s in after] == [
+        ("CustomMode", 0x3F),
+        ("dbx", 0x3F),
+        ("PK", 0x3F),
+        ("Half", 0x3F),
+        ("KEK", 0x3F),
+        ("db", 0x3F),
+    ]
+    assert after[0].offset == FIRST_VAR and new[after[-1].end : 0x40000].strip(b"\xff") == b""
+    assert new[:FIRST_VAR] == original[:FIRST_VAR] and new[0x40000:] == original[0x40000:]
+    assert efi.parse_varstore(new, "new")["PK"].data == (REAL / "ovmf-ms-PK.esl").read_bytes()
+
+
+def test_not_enough_room_is_refused(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    used = len(b"".join(ms_variables()))
+    original = make_store(ms_variables(), store_size=28 + 4 + used + 600)
+    path.write_bytes(original)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 2 and out == "" and "not enough room" in err and err.count("\n") == 1
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def pending_write(complete: bool) -> bytes:
+    header = struct.pack("<B3x16s4xQQ", 0xF8 if complete else 0xFC, bytes(16), 1, 0)
+    record = struct.pack("<B7xQQQq", 0xFD, 0, 0, 0x40000, 0)  # spare done, target not
+    return header + record
+
+
+@pytest.mark.parametrize(
+    "store,message",
+    [
+        (lambda: make_store(ms_variables(), queue=pending_write(False)), "did not finish"),
+        (lambda: make_store(ms_variables(), ftw=False), "no fault-tolerant write working block"),
+        (
+            lambda: make_store(ms_variables())[: FTW_AT + 16]
+            + b"\0"
+            + make_store(ms_variables())[FTW_AT + 17 :],
+            "working block is damaged",
+        ),
+        (lambda: make_store([variable("CustomMode", b"\0")]), "no KEK variable"),
+        (
+            lambda: make_store(
+                [
+                    variable("KEK", efi_esl(make_ca("Owner KEK"))),
+                    variable("db", (REAL / "ovmf-ms-db.esl").read_bytes()),
+                ]
+            ),
+            "holds no Microsoft KEK CA",
+        ),
+        (lambda: b"\0" * 4096, "no _FVH signature"),
+        (lambda: b"QFI\xfb" + b"\0" * 100, "qemu-img"),
+    ],
+)
+def test_refused_stores(tmp_path, capsys, fakes, store, message):
+    path = tmp_path / "VARS.fd"
+    original = store()
+    path.write_bytes(original)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 2 and out == "" and message in err and err.count("\n") == 1, err
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def test_completed_ftw_write_is_fine(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables(), queue=pending_write(True)))
+    rc, _, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+
+
+def efi_esl(cert) -> bytes:
+    return fix.signature_list(der(cert))
+
+
+def test_locked_file_is_refused(tmp_path, capsys, fakes):
+    """A running qemu holds OFD locks on its NVRAM (a read lock on some bytes)."""
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, 100, 1, 0))
+        rc, out, err = run(
+            capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+        )
+    finally:
+        os.close(fd)
+    assert rc == 2 and "locked by another process" in err
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def test_symlink_is_refused(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    (tmp_path / "link.fd").symlink_to(path)
+    rc, _, err = run(
+        capsys,
+        "--root",
+        str(tmp_path),
+        "--varstore",
+        str(tmp_path / "link.fd"),
+        "--fix",
+        *cert_args(fakes),
+    )
+    assert rc == 2 and "symbolic link" in err
+
+
+def test_all_files_checked_before_the_first_is_written(tmp_path, capsys, fakes):
+    good, bad = tmp_path / "good.fd", tmp_path / "bad.fd"
+    good.write_bytes(make_store(ms_variables()))
+    bad.write_bytes(make_store(ms_variables())[:-1])
+    before = good.read_bytes()
+    rc, _, err = run(
+        capsys,
+        "--root",
+        str(tmp_path),
+        "--varstore",
+        str(good),
+        "--varstore",
+        str(bad),
+        "--fix",
+        *cert_args(fakes),
+    )
+    assert rc == 2 and good.read_bytes() == before and backups(good) == []
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--fix"], "--fix needs --varstore"),
+        (["--varstore", "x", "--cert", "y"], "go with --fix"),
+        (["--varstore", "x", "--dry-run"], "go with --fix"),
+        (["--libvirt", "--varstore", "x"], "--libvirt reads"),
+        (["--varstore", "x", "--fix", "--efivars", "y"], "NVRAM files only"),
+    ],
+)
+def test_option_combinations(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and message in err and out == ""
+
+
+# --- certificates ----------------------------------------------------------------------------
+
+
+def test_real_uefi_ca_2023_der_and_pem(tmp_path, capsys):
+    """The real certificate (committed copy from shim-signed), DER and PEM."""
+    raw = UEFI_CA_2023_DER.read_bytes()
+    pem = tmp_path / "ca.pem"
+    pem.write_bytes(x509.load_der_x509_certificate(raw).public_bytes(serialization.Encoding.PEM))
+    for cert in (UEFI_CA_2023_DER, pem):
+        path = tmp_path / "VARS.fd"
+        path.write_bytes(make_store(ms_variables()))
+        for old in backups(path):
+            old.unlink()
+        rc, out, err = run(
+            capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", "--cert", str(cert)
+        )
+        # KEK 2K CA 2023 has no certificate here: still action needed.
+        assert rc == 1 and "added Microsoft UEFI CA 2023 to db" in out, err
+        report = sbc.build_report(
+            "varstore", "x", efi.read_varstore(path), [], tmp_path, datetime.datetime(2026, 11, 1)
+        )
+        assert report["microsoft_cas"]["uefi_ca_2023"]["in_db"]
+        assert not report["microsoft_cas"]["kek_2k_ca_2023"]["in_kek"]
+
+
+def test_one_changed_byte_is_refused(tmp_path, capsys):
+    raw = bytearray(UEFI_CA_2023_DER.read_bytes())
+    raw[-10] ^= 0x01  # in the signature: still parses, another fingerprint
+    cert = tmp_path / "ca.der"
+    cert.write_bytes(raw)
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", "--cert", str(cert)
+    )
+    assert rc == 2 and "is not one of the four Microsoft 2023 CAs" in err
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def test_fuzzed_certificates_never_write(tmp_path, capsys):
+    raw = UEFI_CA_2023_DER.read_bytes()
+    pem = x509.load_der_x509_certificate(raw).public_bytes(serialization.Encoding.PEM)
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    cert = tmp_path / "cert"
+    rng = random.Random(13)
+    for _ in range(150):
+        blob = bytearray(rng.choice((raw, pem)))
+        choice = rng.random()
+        if choice < 0.3:
+            blob = blob[: rng.randrange(len(blob))]
+        elif choice < 0.8:
+            for _ in range(rng.randint(1, 4)):
+                blob[rng.randrange(len(blob))] ^= 1 << rng.randrange(8)
+        else:
+            blob += bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        cert.write_bytes(bytes(blob))
+        rc, out, err = run(
+            capsys,
+            "--root",
+            str(tmp_path),
+            "--varstore",
+            str(path),
+            "--fix",
+            "--dry-run",
+            "--cert",
+            str(cert),
+        )
+        assert "Traceback" not in err and err.count("\n") <= 1
+        if rc != 1:  # a flip in PEM whitespace may leave the certificate intact
+            assert rc == 2 and out == ""
+        assert path.read_bytes() == original
+
+
+# --- fuzzed stores ----------------------------------------------------------------------------
+
+
+def test_fuzzed_stores_never_partially_written(tmp_path, capsys, fakes):
+    base = make_store(ms_variables())
+    rng = random.Random(7)
+    path = tmp_path / "VARS.fd"
+    hot = (
+        list(range(0, 0x48))
+        + list(range(STORE_AT, FIRST_VAR + 64))
+        + list(range(FTW_AT, FTW_AT + 48))
+    )
+    used = len(b"".join(ms_variables()))
+    for index in range(200):
+        data = bytearray(base)
+        choice = rng.random()
+        if choice < 0.2:
+            data = data[: rng.randrange(len(data))]
+        elif choice < 0.6:
+            for _ in range(rng.randint(1, 3)):
+                data[rng.choice(hot)] ^= 1 << rng.randrange(8)
+        else:
+            for _ in range(rng.randint(1, 3)):
+                data[FIRST_VAR + rng.randrange(used)] = rng.randrange(256)
+        path.write_bytes(bytes(data))
+        for old in backups(path):
+            old.unlink()
+        rc, out, err = run(
+            capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+        )
+        assert "Traceback" not in err and rc in (0, 1, 2), (index, err)
+        if rc == 2:
+            assert err.count("\n") == 1 and out == "", err
+            assert path.read_bytes() == bytes(data) and backups(path) == [], index
+        else:
+            # Accepted: the result reads back and the backup is the input.
+            new = path.read_bytes()
+            fix.walk_store(new, "fuzz")
+            if new != bytes(data):
+                assert backups(path)[0].read_bytes() == bytes(data)
+
+
+# --- real stores ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not OVMF_MS.is_file(), reason="ovmf is not installed")
+def test_real_ovmf_template(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    shutil.copy(OVMF_MS, path)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    new = path.read_bytes()
+    original = OVMF_MS.read_bytes()
+    assert new[0x40000:] == original[0x40000:] and len(new) == len(original)
+
+
+@needs_ms_certs
+@pytest.mark.skipif(not OVMF_MS.is_file(), reason="ovmf is not installed")
+def test_real_template_with_real_certificates(tmp_path, capsys):
+    path = tmp_path / "VARS.fd"
+    shutil.copy(OVMF_MS, path)
+    certs = [
+        "--cert",
+        str(CERT_DIR / "MicrosoftCorporationKEK2KCA2023.pem"),
+        "--cert",
+        str(CERT_DIR / "MicrosoftUEFICA2023.pem"),
+        "--cert",
+        str(CERT_DIR / "WindowsUEFICA2023.pem"),
+    ]
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *certs)
+    assert rc == 0, err
+    rc, out, err = run(capsys, "--varstore", str(path))
+    assert rc == 0 and "nothing to do" in out
+
+
+@needs_qemu_img
+def test_qcow2_store(tmp_path, capsys, fakes, fake_cas):
+    raw = tmp_path / "raw.fd"
+    raw.write_bytes(make_store(ms_variables()))
+    path = tmp_path / "VARS.qcow2"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(path)], check=True
+    )
+    original = path.read_bytes()
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    assert path.read_bytes()[:4] == b"QFI\xfb" and backups(path)[0].read_bytes() == original
+    back = tmp_path / "back.fd"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "qcow2", "-O", "raw", str(path), str(back)], check=True
+    )
+    kek = efi.parse_varstore(back.read_bytes(), "x")["KEK"].data
+    assert kek.endswith(der(fake_cas["kek_2k_ca_2023"]))
+
+
+# --- libvirt ---------------------------------------------------------------------------------
+
+
+DOMAIN_XML = """<!--
+WARNING: THIS IS AN AUTO-GENERATED FILE. CHANGES TO IT ARE LIKELY TO BE
+OVERWRITTEN AND LOST. Changes to this xml configuration should be made using:
+  virsh edit {name}
+or other application using the libvirt API.
+-->
+
+<domain type='kvm'>
+  <name>{name}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='KiB'>2097152</memory>
+  <currentMemory unit='KiB'>2097152</currentMemory>
+  <vcpu placement='static'>2</vcpu>
+  <os{firmware}>
+    <type arch='x86_64' machine='pc-q35-7.2'>hvm</type>
+{loader}  </os>
+  <features>
+    <acpi/>
+    <apic/>
+    <smm state='on'/>
+  </features>
+  <cpu mode='host-passthrough' check='none' migratable='on'/>
+  <on_poweroff>destroy</on_poweroff>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+  </devices>
+</domain>
+"""
+CODE = "/usr/share/OVMF/OVMF_CODE_4M.ms.fd"
+LOADER = """    <loader readonly='yes' secure='yes' type='pflash'>{code}</loader>
+    <nvram template='/usr/share/OVMF/OVMF_VARS_4M.ms.fd'{fmt}>{path}</nvram>
+"""
+LOADER_SOURCE = """    <loader readonly='yes' secure='yes' type='pflash'>{code}</loader>
+    <nvram template='/usr/share/OVMF/OVMF_VARS_4M.ms.fd' type='file' format='qcow2'>
+      <source file='{path}'/>
+    </nvram>
+"""
+
+
+def libvirt_host(tmp_path: Path, qcow2: bool):
+    root = tmp_path / "root"
+    (root / "etc/libvirt/qemu").mkdir(parents=True)
+    nvram = root / "var/lib/libvirt/qemu/nvram"
+    nvram.mkdir(parents=True)
+    (root / "run/libvirt/qemu").mkdir(parents=True)
+    store = make_store(ms_variables())
+    domains = {"web": "raw", "db1": "running", "legacy": "bios"}
+    if qcow2:
+        domains["win"] = "qcow2"
+    for name, kind in domains.items():
+        loader = ""
+        if kind in ("raw", "running"):
+            path = f"/var/lib/libvirt/qemu/nvram/{name}_VARS.fd"
+            (root / path.lstrip("/")).write_bytes(store)
+            loader = LOADER.format(code=CODE, fmt="", path=path)
+        elif kind == "qcow2":
+            path = f"/var/lib/libvirt/qemu/nvram/{name}_VARS.qcow2"
+            raw = tmp_path / "tmp.fd"
+            raw.write_bytes(store)
+            subprocess.run(
+                [
+                    "qemu-img",
+                    "convert",
+                    "-f",
+                    "raw",
+                    "-O",
+                    "qcow2",
+                    str(raw),
+                    str(root / path.lstrip("/")),
+                ],
+                check=True,
+            )
+            loader = LOADER_SOURCE.format(code=CODE, path=path)
+        if kind == "running":
+            (root / f"run/libvirt/qemu/{name}.pid").write_text("4242")
+        (root / f"etc/libvirt/qemu/{name}.xml").write_text(
+            DOMAIN_XML.format(
+                name=name,
+                uuid=uuid.uuid4(),
+                firmware=" firmware='efi'" if kind != "bios" else "",
+                loader=loader,
+            )
+        )
+    return root
+
+
+@pytest.mark.parametrize("qcow2", [False, pytest.param(True, marks=needs_qemu_img)])
+def test_libvirt_check_and_fix(tmp_path, capsys, fakes, qcow2):
+    root = libvirt_host(tmp_path, qcow2)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    doc = json.loads(out)
+    verdicts = {d["domain"]: (d["verdict"], d.get("running")) for d in doc["domains"]}
+    expected = {
+        "web": ("action-needed", False),
+        "db1": ("action-needed", True),
+        "legacy": ("no-nvram", None),
+    }
+    if qcow2:
+        expected["win"] = ("action-needed", False)
+    assert rc == 1 and verdicts == expected, err
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    # The report knows the real fingerprints only: with the stand-ins it still says 1.
+    assert rc == 1, err
+    assert "domain db1 (running): action-needed" in out
+    assert "not fixed: running: shut it down" in out
+    nvram = root / "var/lib/libvirt/qemu/nvram"
+    running = nvram / "db1_VARS.fd"
+    assert running.read_bytes() == make_store(ms_variables()) and backups(running) == []
+    fixed = ["web_VARS.fd"] + (["win_VARS.qcow2"] if qcow2 else [])
+    for name in fixed:
+        assert len(backups(nvram / name)) == 1, name
+    assert out.count("  added Microsoft Corporation KEK 2K CA 2023 to KEK") == len(fixed)
+    (root / "run/libvirt/qemu/db1.pid").unlink()
+    rc, out, err = run(
+        capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes), "--json"
+    )
+    doc = {d["domain"]: d for d in json.loads(out)["domains"]}
+    assert doc["db1"]["fix"]["written"] and len(backups(running)) == 1
+    assert all(not doc[n.split("_")[0]]["fix"]["written"] for n in fixed)
+
+
+def test_libvirt_not_installed_and_broken_xml(tmp_path, capsys):
+    rc, _, err = run(capsys, "--libvirt", "--root", str(tmp_path))
+    assert rc == 3 and "libvirt" in err
+    (tmp_path / "etc/libvirt/qemu").mkdir(parents=True)
+    (tmp_path / "etc/libvirt/qemu/bad.xml").write_text("<domain><name>x</name>")
+    rc, _, err = run(capsys, "--libvirt", "--root", str(tmp_path))
+    assert rc == 2 and "not well-formed" in err and err.count("\n") == 1
+
+
+def test_libvirt_missing_nvram_is_an_error_verdict(tmp_path, capsys):
+    root = libvirt_host(tmp_path, False)
+    (root / "var/lib/libvirt/qemu/nvram/web_VARS.fd").unlink()
+    rc, out, _ = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 2 and "domain web (shut off): error:" in out
+    assert "domain db1 (running): action-needed" in out
+
+
+def test_no_certificate_at_all_is_an_error(tmp_path, capsys):
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert rc == 2 and "pass them with --cert FILE" in err and out == ""
+    assert path.read_bytes() == original
+
+
+def test_certificates_from_a_template_store(tmp_path, capsys, fakes, fake_cas):
+    """sid's OVMF_VARS_4M.ms.fd enrols all four: a template under the root is a source."""
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + efi_esl(fake_cas["kek_2k_ca_2023"])
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + b"".join(
+        efi_esl(fake_cas[i])
+        for i in ("uefi_ca_2023", "windows_uefi_ca_2023", "option_rom_uefi_ca_2023")
+    )
+    template = tmp_path / fix.TEMPLATE_STORES[0]
+    template.parent.mkdir(parents=True)
+    template.write_bytes(make_store([variable("KEK", kek), variable("db", db)]))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert rc == 0 and out.count("  added ") == 4 and "OVMF_VARS_4M.ms.fd (db)" in out, err
+
+
+def test_libvirt_firmware_autoselection_default_nvram(tmp_path, capsys):
+    root = tmp_path / "root"
+    (root / "etc/libvirt/qemu").mkdir(parents=True)
+    (root / "var/lib/libvirt/qemu/nvram").mkdir(parents=True)
+    (root / "var/lib/libvirt/qemu/nvram/auto_VARS.fd").write_bytes(make_store(ms_variables()))
+    (root / "etc/libvirt/qemu/auto.xml").write_text(
+        DOMAIN_XML.format(name="auto", uuid=uuid.uuid4(), firmware=" firmware='efi'", loader="")
+    )
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert rc == 1 and domain["nvram"] == "/var/lib/libvirt/qemu/nvram/auto_VARS.fd", err
