@@ -325,11 +325,18 @@ def update_steps(facts: Facts, codes: set) -> List[str]:
     steps = []
     fwupd = facts.report["fwupd"]
     if facts.report["source"]["kind"] == "varstore":
+        # Inside a VM fwupd cannot update KEK (no Microsoft-signed KEK payload exists
+        # for OVMF's PK), and only sid's ovmf templates hold the 2023 CAs: the NVRAM
+        # file is fixed offline instead.
+        path = facts.report["source"].get("path") or "FILE"
         steps.append(
-            "For this virtual machine: update the ovmf package and recreate the "
-            "VM's NVRAM from a template that holds the 2023 certificates, or run "
-            "fwupd inside the VM."
+            "For this virtual machine: shut it down, then run "
+            f"'secureboot-ca-check --varstore {path} --fix' (or --libvirt --fix for "
+            "every shut-off libvirt VM); it adds the missing 2023 CAs and keeps a backup "
+            "of the NVRAM file beside it. Boot the VM and check again."
         )
+        steps.append(PCR7_WARNING)
+        return steps
     if not fwupd["installed"]:
         steps.append(f"Install fwupd {fwupd['minimum']} or later: apt install fwupd")
     elif not fwupd["recent_enough"]:
