@@ -5,7 +5,9 @@ builds and passes lintian; these tests are what fails.
 """
 
 import ast
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -233,3 +235,27 @@ def test_overview_page_shipped_and_matches_the_library():
     assert keys == list(findings.finding("c", "info", "m"))
     for severity in findings.SEVERITIES:
         assert f".B {severity}" in contract or f".BR {severity} " in contract
+
+
+@pytest.mark.skipif(not Path("/usr/bin/man").exists(), reason="man-db is not installed")
+def test_overview_page_renders_without_warnings():
+    result = subprocess.run(
+        [
+            "man",
+            "--warnings",
+            "-E",
+            "UTF-8",
+            "-l",
+            "-Tutf8",
+            "-Z",
+            str(SRC / "man" / "debadmin.7"),
+        ],
+        capture_output=True,
+        env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"),
+        check=False,
+    )
+    assert result.returncode == 0 and result.stderr == b"", result.stderr
+    lexgrog = subprocess.run(
+        ["lexgrog", str(SRC / "man" / "debadmin.7")], capture_output=True, text=True, check=False
+    )
+    assert "debadmin - Debian admin helper tools" in lexgrog.stdout
