@@ -54,7 +54,12 @@ def run_into_closed_pipe(unbuffered: bool, *argv: str) -> subprocess.CompletedPr
 def test_help_into_closed_pipe_is_quiet(tool, unbuffered):
     result = run_into_closed_pipe(unbuffered, str(SRC / "bin" / tool), "--help")
     assert result.stderr == ""
-    assert result.returncode == 2  # the output was cut short
+    if unbuffered and sys.version_info >= (3, 13):
+        # trixie's argparse ignores an OSError writing its own messages: the write fails
+        # inside parse_args, unseen, and --help exits 0 as usual.
+        assert result.returncode == 0
+    else:
+        assert result.returncode == 2  # the output was cut short
 
 
 @pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
