@@ -259,3 +259,13 @@ def test_overview_page_renders_without_warnings():
         ["lexgrog", str(SRC / "man" / "debadmin.7")], capture_output=True, text=True, check=False
     )
     assert "debadmin - Debian admin helper tools" in lexgrog.stdout
+
+
+def test_readme_quick_start_commands():
+    # CI runs the first indented command of the Quick start verbatim in fresh roots.
+    section = (SRC / "README.md").read_text().split("\n## Quick start\n")[1].split("\n## ")[0]
+    commands = [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    assert commands[:2] == [
+        "apt-get update && apt-get install -y make && make install",
+        "make check",
+    ]
