@@ -8,8 +8,9 @@
 #                  install, integration tests
 #   Run as a normal user with sudo, build/ stays the user's.
 #
-# Adding a tool: its test dependencies go into TEST_DEPENDS below (one line); everything
-# else is found by globbing bin/, debian/ and tests/integration/.
+# Adding a tool: follow the checklist in HACKING.md. Here it needs its TEST_DEPENDS_TOOL
+# line below (empty if its tests need nothing more); tests/unit/test_registration.py
+# fails for a tool in bin/ that misses this or any other registration.
 
 SHELL := /bin/bash
 # pybuild runs the first python3.X on PATH: keep Debian's first.
@@ -28,13 +29,14 @@ APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q -
 
 # What the test pipeline itself runs (beyond the build dependencies).
 CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
-# What the integration tests use, per tool.
-TEST_DEPENDS := systemd-container
-TEST_DEPENDS += acl btrfs-progs
-TEST_DEPENDS += ovmf shim-signed python3-cryptography qemu-utils
-TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
-TEST_DEPENDS += radvd iproute2 procps
-TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
+# What the integration tests use: the containers of tests/integration/lib, then per tool.
+TOOLS := $(notdir $(wildcard bin/*))
+TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
+TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography qemu-utils
+TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
+TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
+TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
+TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS),$(TEST_DEPENDS_$(tool)))
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f

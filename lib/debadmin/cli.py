@@ -61,15 +61,23 @@ def run(
     errors exit 2 as well.
     """
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors
-        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, usage errors
+            _flush_stdout()
+            return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+    except BrokenPipeError:
+        return _stdout_gone()
     verbosity = getattr(args, "verbosity", 0)
     level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.DEBUG}[verbosity]
     logging.basicConfig(level=level, format=f"{prog}: %(message)s", stream=sys.stderr)
     target = func or args.func
     try:
-        return int(target(args))
+        code = int(target(args))
+        # Flush here, not at interpreter exit, where a closed pipe (| head) would end in
+        # "Exception ignored ... BrokenPipeError" on stderr and exit 120.
+        _flush_stdout()
+        return code
     except Error as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.code
@@ -77,7 +85,21 @@ def run(
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # stdout went away (| head): not an error of ours; avoid a second EPIPE at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_ERROR
+        return _stdout_gone()
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _stdout_gone() -> int:
+    """stdout's reader went away (| head): the output is cut short, so exit 2, but quietly.
+
+    What is still buffered can never be written: point stdout at /dev/null so that the
+    flush at interpreter exit does not raise BrokenPipeError a second time.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_ERROR

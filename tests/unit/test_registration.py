@@ -1,0 +1,271 @@
+"""Every tool in bin/ is registered everywhere HACKING.md's checklist says (issue 17).
+
+A tool left out of the metapackage, debian/tests/control, the README or the Makefile still
+builds and passes lintian; these tests are what fails.
+"""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from debadmin import errors, findings
+
+SRC = Path(__file__).resolve().parents[2]
+TOOLS = sorted(p.name for p in (SRC / "bin").iterdir())
+SITE = "usr/lib/python3*/dist-packages/debadmin/tools/"
+SAME_VERSION = "(= ${binary:Version})"
+
+# The Debian package of each third-party module a tool imports at top level.
+PACKAGE_OF_MODULE = {
+    "apt_pkg": "python3-apt",
+    "apt": "python3-apt",
+    "cryptography": "python3-cryptography",
+    "pyudev": "python3-pyudev",
+    "posix1e": "python3-pylibacl",
+}
+
+
+def deb822(path: Path):
+    """Paragraphs of a deb822 file as dicts (comments dropped, continuations joined)."""
+    paragraphs, current, key = [], {}, None
+    for line in path.read_text().splitlines() + [""]:
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if current:
+                paragraphs.append(current)
+            current, key = {}, None
+        elif line[0] in " \t":
+            current[key] += "\n" + line.strip()
+        else:
+            key, _, value = line.partition(":")
+            current[key] = value.strip()
+    return paragraphs
+
+
+def relations(field: str):
+    """'a (= v), b | c' -> ['a (= v)', 'b | c'], whitespace normalised."""
+    return [re.sub(r"\s+", " ", r).strip() for r in field.split(",") if r.strip()]
+
+
+CONTROL = deb822(SRC / "debian" / "control")
+SOURCE, BINARIES = CONTROL[0], {p["Package"]: p for p in CONTROL[1:]}
+TESTS = deb822(SRC / "debian" / "tests" / "control")
+
+
+def modules_of(tool):
+    """The tool's module and its MOD_PART.py modules, as file names."""
+    mod = tool.replace("-", "_")
+    tools_dir = SRC / "lib" / "debadmin" / "tools"
+    return sorted(
+        p.name for p in tools_dir.glob(f"{mod}*.py") if re.fullmatch(rf"{mod}(_\w+)?\.py", p.name)
+    )
+
+
+def lines(path: Path):
+    return [line.strip() for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_control_stanza(tool):
+    assert tool in BINARIES, f"debian/control has no 'Package: {tool}' stanza"
+    stanza = BINARIES[tool]
+    assert stanza.get("Architecture") == "all"
+    depends = relations(stanza.get("Depends", ""))
+    for needed in (f"python3-debadmin {SAME_VERSION}", "${python3:Depends}", "${misc:Depends}"):
+        assert needed in depends, f"{tool}: Depends lacks {needed}"
+    assert stanza.get("Description", "").strip(), f"{tool}: no Description"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_metapackage_depends_and_lists_the_tool(tool):
+    meta = BINARIES["debadmin"]
+    assert f"{tool} {SAME_VERSION}" in relations(
+        meta["Depends"]
+    ), f"the debadmin metapackage does not depend on {tool} {SAME_VERSION}"
+    assert f"\n* {tool}: " in meta["Description"], f"debadmin's description does not list {tool}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_install_file(tool):
+    path = SRC / "debian" / f"{tool}.install"
+    assert path.is_file(), f"no debian/{tool}.install"
+    installed = lines(path)
+    assert f"bin/{tool} usr/bin/" in installed
+    for module in modules_of(tool):
+        assert SITE + module in installed, f"debian/{tool}.install does not ship {module}"
+    assert (
+        f"usr/share/bash-completion/completions/{tool}" in installed
+    ), f"debian/{tool}.install does not ship the bash completion"
+
+
+def test_every_tool_module_is_shipped_by_exactly_one_package():
+    shipped = {}
+    for path in (SRC / "debian").glob("*.install"):
+        for line in lines(path):
+            if line.startswith(SITE):
+                shipped.setdefault(line[len(SITE) :], []).append(path.stem)
+    tools_dir = SRC / "lib" / "debadmin" / "tools"
+    for module in sorted(p.name for p in tools_dir.glob("*.py")):
+        assert len(shipped.get(module, [])) == 1, f"{module} shipped by {shipped.get(module)}"
+
+
+def test_no_binary_package_without_a_tool():
+    # Every binary package is the library, the metapackage or a tool in bin/.
+    assert set(BINARIES) == {"python3-debadmin", "debadmin", *TOOLS}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_man_page_shipped(tool):
+    assert (SRC / "man" / f"{tool}.8").is_file()
+    path = SRC / "debian" / f"{tool}.manpages"
+    assert path.is_file() and f"man/{tool}.8" in lines(path)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_autopkgtest_stanza(tool):
+    stanzas = [s for s in TESTS if tool in s.get("Tests", "").replace(",", " ").split()]
+    assert stanzas, f"debian/tests/control has no stanza running the test {tool}"
+    for stanza in stanzas:
+        names = {
+            r.split()[0] for rel in relations(stanza.get("Depends", "")) for r in rel.split("|")
+        }
+        assert tool in names, f"the {tool} autopkgtest does not depend on the {tool} package"
+    script = SRC / "debian" / "tests" / tool
+    assert script.is_file() and script.stat().st_mode & 0o111, f"debian/tests/{tool}"
+
+
+def test_help_autopkgtest_covers_every_tool():
+    help_stanza = [s for s in TESTS if s.get("Tests") == "help"]
+    assert help_stanza and "debadmin" in relations(help_stanza[0]["Depends"])
+    # It runs every tool the metapackage depends on (test_metapackage_depends_... above).
+    script = (SRC / "debian" / "tests" / "help").read_text()
+    assert "dpkg-query -W -f '${Depends}' debadmin" in script
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tests_exist(tool):
+    assert (SRC / "tests" / "unit" / f"test_{tool.replace('-', '_')}.py").is_file()
+    assert list(
+        (SRC / "tests" / "integration" / tool).glob("test-*")
+    ), f"no tests/integration/{tool}/test-*"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_readme_section(tool):
+    readme = (SRC / "README.md").read_text()
+    assert f"\n## {tool}\n" in readme, f"README.md has no '## {tool}' section"
+    assert f"| `{tool}` |" in readme, f"README.md's table of tools lacks {tool}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_makefile_test_depends(tool):
+    makefile = (SRC / "Makefile").read_text()
+    assert re.search(
+        rf"^TEST_DEPENDS_{re.escape(tool)} :=", makefile, re.M
+    ), f"the Makefile has no TEST_DEPENDS_{tool} line (empty if none are needed)"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_hacking_lists_the_tool(tool):
+    hacking = (SRC / "HACKING.md").read_text()
+    tools_section = hacking.split("\n## The tools\n")[1].split("\n## ")[0]
+    assert f"| `{tool}` |" in tools_section, f"HACKING.md's list of tools lacks {tool}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_overview_page_names_the_tool(tool):
+    page = (SRC / "man" / "debadmin.7").read_text()
+    ref = f".BR {tool.replace('-', chr(92) + '-')} (8)"
+    tools_section = page.split("\n.SH TOOLS\n")[1].split("\n.SH ")[0]
+    see_also = page.split("\n.SH SEE ALSO\n")[1]
+    assert ref in tools_section and ref in see_also, f"debadmin(7) does not name {tool}"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_imports_are_unconditional_build_dependencies(tool):
+    # The build imports every tool module (build-aux/gen-bash-completion), also with the
+    # nocheck profile: what a module imports at top level must be built without <!nocheck>.
+    build_depends = {
+        r.split()[0]: r for r in relations(SOURCE["Build-Depends"]) if not r.startswith("$")
+    }
+    depends = {r.split()[0] for r in relations(BINARIES[tool]["Depends"])}
+    depends |= {r.split()[0] for r in relations(BINARIES["python3-debadmin"]["Depends"])}
+    for module in modules_of(tool):
+        tree = ast.parse((SRC / "lib" / "debadmin" / "tools" / module).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in (n.split(".")[0] for n in names):
+                if name in sys.stdlib_module_names or name == "debadmin":
+                    continue
+                package = PACKAGE_OF_MODULE.get(name)
+                assert package, f"{module} imports {name}: add its package to PACKAGE_OF_MODULE"
+                assert (
+                    package in depends
+                ), f"{tool} imports {name} but does not depend on {package}"
+                assert package in build_depends, f"{package} is not a build dependency"
+                assert (
+                    "<!nocheck>" not in build_depends[package]
+                ), f"{module} imports {name} at build time: {package} must not be <!nocheck>"
+
+
+def test_overview_page_shipped_and_matches_the_library():
+    assert "man/debadmin.7" in lines(SRC / "debian" / "python3-debadmin.manpages")
+    page = (SRC / "man" / "debadmin.7").read_text()
+    exit_status = page.split("\n.SH EXIT STATUS\n")[1].split("\n.SH ")[0]
+    codes = [int(c) for c in re.findall(r"^\.B (\d+)$", exit_status, re.M)]
+    assert codes == [
+        errors.EXIT_OK,
+        errors.EXIT_ACTION,
+        errors.EXIT_ERROR,
+        errors.EXIT_NOT_APPLICABLE,
+    ]
+    contract = page.split("\n.SH JSON FINDINGS\n")[1].split("\n.SH ")[0]
+    keys = re.findall(r"^\.TP\n\.B (\w+)$", contract, re.M)
+    assert keys == list(findings.finding("c", "info", "m"))
+    for severity in findings.SEVERITIES:
+        assert f".B {severity}" in contract or f".BR {severity} " in contract
+
+
+@pytest.mark.skipif(not Path("/usr/bin/man").exists(), reason="man-db is not installed")
+def test_overview_page_renders_without_warnings():
+    result = subprocess.run(
+        [
+            "man",
+            "--warnings",
+            "-E",
+            "UTF-8",
+            "-l",
+            "-Tutf8",
+            "-Z",
+            str(SRC / "man" / "debadmin.7"),
+        ],
+        capture_output=True,
+        env=dict(os.environ, LC_ALL="C.UTF-8", MANWIDTH="80"),
+        check=False,
+    )
+    assert result.returncode == 0 and result.stderr == b"", result.stderr
+    lexgrog = subprocess.run(
+        ["lexgrog", str(SRC / "man" / "debadmin.7")], capture_output=True, text=True, check=False
+    )
+    assert "debadmin - Debian admin helper tools" in lexgrog.stdout
+
+
+def test_readme_quick_start_commands():
+    # CI runs the first indented command of the Quick start verbatim in fresh roots.
+    section = (SRC / "README.md").read_text().split("\n## Quick start\n")[1].split("\n## ")[0]
+    commands = [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    assert commands[:2] == [
+        "apt-get update && apt-get install -y make && make install",
+        "make check",
+    ]
