@@ -8,11 +8,10 @@ import re
 import pwd
 import stat
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from debadmin import cli, fsutil, proc, sysconf
+from debadmin import cli, fsutil, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.output import emit_json
@@ -158,16 +157,24 @@ FIXABLE = {
 ADMIN_CHOICE = {"storage-disabled"}
 
 
-@dataclass
 class State:
-    root: Path
-    journal: Path
-    groups: Dict[str, int]
-    storage: str
-    storage_source: Optional[str]
-    exists: bool
-    findings: List[Finding]
-    checked: int
+    """What inspect found (a plain class: dataclasses would import inspect, a startup
+    cost the boot-time run pays for nothing)."""
+
+    def __init__(
+        self,
+        root: Path,
+        journal: Path,
+        groups: Dict[str, int],
+        storage: str,
+        storage_source: Optional[str],
+        exists: bool,
+        findings: List[Finding],
+        checked: int,
+    ) -> None:
+        self.root, self.journal, self.groups = root, journal, groups
+        self.storage, self.storage_source = storage, storage_source
+        self.exists, self.findings, self.checked = exists, findings, checked
 
     def codes(self) -> Set[str]:
         return {f["code"] for f in self.findings if f["severity"] == "action"}
@@ -409,10 +416,10 @@ def scan(
             if not inherits:
                 no_default[name].append(node.path)
     found: List[Finding] = []
-    for name in groups:
+    for name in groups:  # the walk goes in directory order; the report in path order
         found += [
             finding("unreadable", "action", f"group {name} cannot read {path}", path, group=name)
-            for path in unreadable[name]
+            for path in sorted(unreadable[name])
         ]
         found += [
             finding(
@@ -422,8 +429,9 @@ def scan(
                 path,
                 group=name,
             )
-            for path in no_default[name]
+            for path in sorted(no_default[name])
         ]
+    skips.sort(key=lambda s: s.path)
     return found + skip_findings(skips), count
 
 
@@ -702,6 +710,8 @@ def preflight(state: State) -> None:
 
 
 def tmpfiles(root: Path, *extra: str) -> None:
+    from debadmin import proc  # subprocess: imported only when a command runs
+
     argv = ["systemd-tmpfiles", "--create", "--prefix=/var/log/journal"]
     if root != Path("/"):
         argv.append(f"--root={root}")
@@ -861,6 +871,8 @@ def flush(root: Path, dry_run: bool, say: Callable[[str], None]) -> None:
     if dry_run:
         say("would run journalctl --flush")
         return
+    from debadmin import proc
+
     proc.run(["journalctl", "--flush"])
     say("done: run journalctl --flush")
 

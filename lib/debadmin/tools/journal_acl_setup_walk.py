@@ -13,7 +13,6 @@ import errno
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 ACCESS = "system.posix_acl_access"
@@ -82,14 +81,13 @@ def perms_text(perm: int) -> str:
     return "".join(c if perm & bit else "-" for c, bit in (("r", R), ("w", W), ("x", X)))
 
 
-@dataclass
 class Node:
     """A directory or regular file under the journal, open as fd while it is visited."""
 
-    path: str
-    fd: int
-    st: os.stat_result
-    is_dir: bool
+    __slots__ = ("path", "fd", "st", "is_dir")
+
+    def __init__(self, path: str, fd: int, st: os.stat_result, is_dir: bool) -> None:
+        self.path, self.fd, self.st, self.is_dir = path, fd, st, is_dir
 
     def raw(self) -> Tuple[Optional[bytes], Optional[bytes]]:
         """The access and (directories) default ACL attributes, None where absent."""
@@ -176,14 +174,14 @@ def without(entries: Optional[Entries], gids: Set[int]) -> Optional[Entries]:
 # --- the walk --------------------------------------------------------------------------------
 
 
-@dataclass
 class Skip:
-    """Something the walk did not visit: code, path, why."""
+    """Something the walk did not visit: code, path, why; action: the tree could not be
+    read as it is (a race), rather than left alone on purpose."""
 
-    code: str
-    path: str
-    message: str
-    action: bool = False  # True: the tree could not be read as it is (a race)
+    __slots__ = ("code", "path", "message", "action")
+
+    def __init__(self, code: str, path: str, message: str, action: bool = False) -> None:
+        self.code, self.path, self.message, self.action = code, path, message, action
 
 
 def walk(
@@ -204,7 +202,7 @@ def walk(
     yield Node(top_path, top_fd, os.fstat(top_fd), True)
     try:
         with os.scandir(top_fd) as it:
-            entries = sorted((e.name, _kind(e)) for e in it)
+            entries = [(e.name, _kind(e)) for e in it]
     except FileNotFoundError:
         return
     except OSError as exc:
