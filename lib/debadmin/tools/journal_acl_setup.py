@@ -377,9 +377,9 @@ def scan(
 ) -> Tuple[List[Finding], int]:
     """What each group cannot read under the journal, and how many paths were read.
 
-    Verdicts are kept by (attributes, mode, owning group, type): a journal holds
-    thousands of files with a handful of distinct ACLs, and decoding each is most of
-    the cost.
+    Verdicts are kept by the ACLs' text (numeric ids), owning group and type: a journal
+    holds thousands of files with a handful of distinct ACLs, and turning each into
+    entries and judging them is most of the cost.
     """
     skips: List[walker.Skip] = []
     unreadable: Dict[str, List[str]] = {name: [] for name in groups}
@@ -387,15 +387,17 @@ def scan(
     verdicts: Dict[tuple, Tuple[Tuple[bool, bool], ...]] = {}
     count = 0
     want_dir, want_file = walker.R | walker.X, walker.R
+    text = walker.text
     for node in walker.walk(fd, str(journal), uids, skips):
         count += 1
         st = node.st
         try:
-            access, default = node.raw()
-            key = (access, default, st.st_mode & 0o7777, st.st_gid, node.is_dir)
+            access, default = node.read()
+            key = (text(access), text(default), st.st_gid, node.is_dir)
             verdict = verdicts.get(key)
             if verdict is None:
-                entries, defaults = node.acls()
+                entries = walker.entries(access) or walker.from_mode(st.st_mode)
+                defaults = walker.entries(default) if default is not None else None
                 verdict = tuple(
                     (
                         walker.group_can(
@@ -685,8 +687,7 @@ def probe_acl_support(directory: Path) -> None:
     except OSError as exc:
         raise Error(f"cannot write in {directory}: {exc.strerror}") from None
     try:
-        acl = walker.granted(walker.from_mode(0o600), 0, walker.R)
-        os.setxattr(fd, walker.ACCESS, walker.encode(acl))
+        walker.to_acl(walker.granted(walker.from_mode(0o600), 0, walker.R)).applyto(fd)
     except OSError:
         raise Error(
             f"the filesystem holding {directory} does not support POSIX ACLs; "

@@ -2,29 +2,38 @@
 redirected.
 
 Every directory is opened relative to its parent's descriptor with O_NOFOLLOW, every file
-too, and ACLs are read and set on those descriptors through the kernel's
-system.posix_acl_access / system.posix_acl_default extended attributes (the calls libacl
-makes).  A name swapped for a symbolic link between the directory read and the open fails
-with ELOOP instead of leading elsewhere; a directory renamed away while it is walked is
-still the directory that was opened.
+too, and ACLs are read and set on those descriptors with python3-pylibacl (posix1e).  A
+name swapped for a symbolic link between the directory read and the open fails with ELOOP
+instead of leading elsewhere; a directory renamed away while it is walked is still the
+directory that was opened.
+
+A directory's default ACL is read and set through its descriptor's magic link,
+/proc/self/fd/N: libacl's acl_get_file/acl_set_file (posix1e.ACL(filedef=...) and
+applyto(path, ACL_TYPE_DEFAULT)) take a path only, and the kernel resolves that link to
+the open inode itself, with no name lookup an attacker could redirect.  applyto(fd,
+ACL_TYPE_DEFAULT) is no way round it: pylibacl 0.7 ignores the type for a descriptor and
+sets the access ACL instead.
 """
 
 import errno
 import os
 import stat
-import struct
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-ACCESS = "system.posix_acl_access"
-DEFAULT = "system.posix_acl_default"
-# linux/posix_acl.h and posix_acl_xattr.h: a little-endian version 2 header, then
-# (tag u16, perm u16, id u32) entries sorted by tag, then id.
-VERSION = 2
-USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
-UNDEFINED = 0xFFFFFFFF
-R, W, X = 4, 2, 1
-_HEADER = struct.Struct("<I")
-_ENTRY = struct.Struct("<HHI")
+import posix1e
+
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
+    posix1e.ACL_USER_OBJ,
+    posix1e.ACL_USER,
+    posix1e.ACL_GROUP_OBJ,
+    posix1e.ACL_GROUP,
+    posix1e.ACL_MASK,
+    posix1e.ACL_OTHER,
+)
+UNDEFINED = 0xFFFFFFFF  # the id of an entry that names no user or group
+R, W, X = posix1e.ACL_READ, posix1e.ACL_WRITE, posix1e.ACL_EXECUTE
+# Numeric ids: the text is a cache key and must not depend on (or wait for) NSS.
+TEXT_OPTIONS = posix1e.TEXT_NUMERIC_IDS | posix1e.TEXT_ABBREVIATE
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -37,26 +46,35 @@ class AclError(Exception):
     """An ACL that cannot be read or written (the caller turns it into an Error)."""
 
 
-def decode(data: bytes) -> Entries:
-    """The entries of a system.posix_acl_* attribute value."""
-    if len(data) < _HEADER.size or (len(data) - _HEADER.size) % _ENTRY.size:
-        raise AclError(f"malformed ACL attribute of {len(data)} bytes")
-    (version,) = _HEADER.unpack_from(data)
-    if version != VERSION:
-        raise AclError(f"ACL attribute version {version}, expected {VERSION}")
-    entries: Entries = {}
-    for offset in range(_HEADER.size, len(data), _ENTRY.size):
-        tag, perm, ident = _ENTRY.unpack_from(data, offset)
-        entries[(tag, ident if tag in (USER, GROUP) else UNDEFINED)] = perm & 7
-    return entries
+def entries(acl: posix1e.ACL) -> Optional[Entries]:
+    """The entries of an ACL as (tag, id) -> rwx bits; None for an empty (default) ACL."""
+    result: Entries = {}
+    for entry in acl:
+        tag = entry.tag_type
+        perms = entry.permset
+        result[(tag, entry.qualifier if tag in (USER, GROUP) else UNDEFINED)] = (
+            (R if perms.read else 0) | (W if perms.write else 0) | (X if perms.execute else 0)
+        )
+    return result or None
 
 
-def encode(entries: Entries) -> bytes:
-    """The attribute value for entries (the kernel wants them sorted by tag, then id)."""
-    parts = [_HEADER.pack(VERSION)]
-    for (tag, ident), perm in sorted(entries.items()):
-        parts.append(_ENTRY.pack(tag, perm, ident))
-    return b"".join(parts)
+def to_acl(items: Entries) -> posix1e.ACL:
+    """A posix1e.ACL holding items (libacl orders them as the kernel wants)."""
+    acl = posix1e.ACL()
+    for (tag, ident), perm in items.items():
+        entry = acl.append()
+        entry.tag_type = tag
+        if tag in (USER, GROUP):
+            entry.qualifier = ident
+        entry.permset.read = bool(perm & R)
+        entry.permset.write = bool(perm & W)
+        entry.permset.execute = bool(perm & X)
+    return acl
+
+
+def text(acl: Optional[posix1e.ACL]) -> bytes:
+    """The ACL's short text with numeric ids (b"" for none): what the verdict cache keys on."""
+    return b"" if acl is None else acl.to_any_text(options=TEXT_OPTIONS, separator=b",")
 
 
 def from_mode(mode: int) -> Entries:
@@ -68,13 +86,15 @@ def from_mode(mode: int) -> Entries:
     }
 
 
-def _get(fd: int, name: str) -> Optional[bytes]:
-    try:
-        return os.getxattr(fd, name)
-    except OSError as exc:
-        if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP):
-            return None
-        raise AclError(f"cannot read the ACL: {exc.strerror}") from None
+def magic_link(fd: int) -> str:
+    """The path by which libacl reaches the inode open as fd, and nothing else."""
+    return f"/proc/self/fd/{fd}"
+
+
+def _proc_hint(exc: OSError) -> str:
+    if exc.errno == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
+        return f"{exc.strerror} (is /proc mounted?)"
+    return str(exc.strerror)
 
 
 def perms_text(perm: int) -> str:
@@ -89,28 +109,40 @@ class Node:
     def __init__(self, path: str, fd: int, st: os.stat_result, is_dir: bool) -> None:
         self.path, self.fd, self.st, self.is_dir = path, fd, st, is_dir
 
-    def raw(self) -> Tuple[Optional[bytes], Optional[bytes]]:
-        """The access and (directories) default ACL attributes, None where absent."""
-        access = _get(self.fd, ACCESS)
-        default = _get(self.fd, DEFAULT) if self.is_dir else None
-        return access, default
+    def read(self) -> Tuple[posix1e.ACL, Optional[posix1e.ACL]]:
+        """The access ACL (from the mode where there is none) and, for a directory, the
+        default ACL (empty where there is none), read on the descriptor."""
+        try:
+            access = posix1e.ACL(fd=self.fd)
+        except OSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise AclError(f"cannot read the ACL: {exc.strerror}") from None
+            access = posix1e.ACL(mode=self.st.st_mode)  # no ACL support: the mode is all
+        if not self.is_dir:
+            return access, None
+        try:
+            return access, posix1e.ACL(filedef=magic_link(self.fd))
+        except OSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise AclError(f"cannot read the default ACL: {_proc_hint(exc)}") from None
+            return access, None
 
     def acls(self) -> Tuple[Entries, Optional[Entries]]:
-        access, default = self.raw()
-        return (
-            decode(access) if access is not None else from_mode(self.st.st_mode),
-            decode(default) if default is not None else None,
+        """The access and default ACLs as entries (default None where there is none)."""
+        access, default = self.read()
+        return entries(access) or from_mode(self.st.st_mode), (
+            entries(default) if default is not None else None
         )
 
     def set_acls(self, access: Optional[Entries], default: Optional[Entries]) -> None:
         """Write the ACLs given (None: leave that one alone), on the descriptor."""
         try:
             if access is not None:
-                os.setxattr(self.fd, ACCESS, encode(access))
+                to_acl(access).applyto(self.fd)
             if default is not None and self.is_dir:
-                os.setxattr(self.fd, DEFAULT, encode(default))
+                to_acl(default).applyto(magic_link(self.fd), posix1e.ACL_TYPE_DEFAULT)
         except OSError as exc:
-            raise AclError(f"cannot set the ACL of {self.path}: {exc.strerror}") from None
+            raise AclError(f"cannot set the ACL of {self.path}: {_proc_hint(exc)}") from None
 
 
 def group_can(entries: Optional[Entries], owner_gid: int, gid: int, want: int, default=False):
