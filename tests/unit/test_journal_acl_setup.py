@@ -62,6 +62,11 @@ def test_default_acl_by_magic_link_stays_on_the_open_directory(tmp_path):
     assert W.entries(W.posix1e.ACL(filedef=str(secret))) is None
     assert W.entries(W.posix1e.ACL(file=str(secret))) == W.from_mode(secret.stat().st_mode)
     assert W.entries(W.posix1e.ACL(filedef=str(moved)))[(G, 5050)] == W.R | W.X
+    # What the magic link prevents: the same call by the walked name lands on the secret.
+    W.to_acl({**W.from_mode(0o755), (G, 4): 5, (M, U): 5}).applyto(
+        str(walked), W.posix1e.ACL_TYPE_DEFAULT
+    )
+    assert W.entries(W.posix1e.ACL(filedef=str(secret)))[(G, 4)] == W.R | W.X
 
 
 @pytest.mark.parametrize(

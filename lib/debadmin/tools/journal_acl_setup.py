@@ -1,5 +1,7 @@
 """journal-acl-setup: a persistent systemd journal that the admin groups can read."""
 
+from __future__ import annotations  # annotations stay text: no typing work at start-up
+
 import argparse
 import grp
 import logging
@@ -7,14 +9,12 @@ import os
 import re
 import pwd
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from debadmin import cli, fsutil, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
-from debadmin.output import emit_json
 from debadmin.tools import journal_acl_setup_walk as walker
 
 PROG = "journal-acl-setup"
@@ -384,39 +384,43 @@ def scan(
     skips: List[walker.Skip] = []
     unreadable: Dict[str, List[str]] = {name: [] for name in groups}
     no_default: Dict[str, List[str]] = {name: [] for name in groups}
-    verdicts: Dict[tuple, Tuple[Tuple[bool, bool], ...]] = {}
+    # key -> the groups that cannot read, and those that would not inherit (mostly empty)
+    verdicts: Dict[tuple, Tuple[List[str], List[str]]] = {}
     count = 0
     want_dir, want_file = walker.R | walker.X, walker.R
     text = walker.text
     for node in walker.walk(fd, str(journal), uids, skips):
         count += 1
-        st = node.st
+        st, is_dir = node.st, node.is_dir
         try:
             access, default = node.read()
-            key = (text(access), text(default), st.st_gid, node.is_dir)
+            key = (text(access), text(default) if is_dir else None, st.st_gid, is_dir)
             verdict = verdicts.get(key)
             if verdict is None:
                 entries = walker.entries(access) or walker.from_mode(st.st_mode)
                 defaults = walker.entries(default) if default is not None else None
-                verdict = tuple(
-                    (
-                        walker.group_can(
-                            entries, st.st_gid, gid, want_dir if node.is_dir else want_file
-                        ),
-                        not node.is_dir
-                        or walker.group_can(defaults, st.st_gid, gid, want_dir, default=True),
-                    )
-                    for gid in groups.values()
+                want = want_dir if is_dir else want_file
+                verdict = verdicts[key] = (
+                    [
+                        n
+                        for n, g in groups.items()
+                        if not walker.group_can(entries, st.st_gid, g, want)
+                    ],
+                    [
+                        n
+                        for n, g in groups.items()
+                        if is_dir
+                        and not walker.group_can(defaults, st.st_gid, g, want_dir, default=True)
+                    ],
                 )
-                verdicts[key] = verdict
         except walker.AclError as exc:
             skips.append(walker.Skip("unreadable-acl", node.path, f"{node.path}: {exc}", True))
             continue
-        for name, (reads, inherits) in zip(groups, verdict):
-            if not reads:
-                unreadable[name].append(node.path)
-            if not inherits:
-                no_default[name].append(node.path)
+        cannot_read, no_inherit = verdict
+        for name in cannot_read:
+            unreadable[name].append(node.path)
+        for name in no_inherit:
+            no_default[name].append(node.path)
     found: List[Finding] = []
     for name in groups:  # the walk goes in directory order; the report in path order
         found += [
@@ -682,6 +686,8 @@ def writable(directory: Path) -> None:
 
 def probe_acl_support(directory: Path) -> None:
     """Set an ACL on a scratch file in directory; raise a clear error where that fails."""
+    import tempfile  # only apply needs it: a start-up cost check and the no-op apply skip
+
     try:
         fd, scratch = tempfile.mkstemp(prefix=".journal-acl-setup-probe.", dir=directory)
     except OSError as exc:
@@ -808,6 +814,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     groups = resolve_groups(wanted_groups(args, root), root)
     state = inspect(root, groups)
     if args.json:
+        from debadmin.output import emit_json  # json: only for --json
+
         emit_json(state.as_dict())
     else:
         for line in text_lines(state.findings):

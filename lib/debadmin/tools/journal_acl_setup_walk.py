@@ -15,6 +15,8 @@ ACL_TYPE_DEFAULT) is no way round it: pylibacl 0.7 ignores the type for a descri
 sets the access ACL instead.
 """
 
+from __future__ import annotations  # annotations stay text: no typing work at start-up
+
 import errno
 import os
 import stat
