@@ -4,7 +4,6 @@ import contextlib
 import fcntl
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, Union
 
@@ -61,6 +60,8 @@ def atomic_writer(
     if old and os.geteuid() == 0:
         uid = old.st_uid if uid is None else uid
         gid = old.st_gid if gid is None else gid
+    import tempfile  # shutil, random, bz2, lzma: imported only when a file is written
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
