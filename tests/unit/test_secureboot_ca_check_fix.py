@@ -979,3 +979,55 @@ def test_padded_template_entry_is_written_without_the_padding(tmp_path, capsys, 
     assert "added Microsoft Corporation KEK 2K CA 2023" in out, err
     new_kek = efi.parse_varstore(path.read_bytes(), "x")["KEK"].data
     assert new_kek.endswith(efi_esl(fake_cas["kek_2k_ca_2023"]))
+
+
+# --- review: libvirt domains whose memory is kept, hostile definitions ----------------------
+
+
+def test_libvirt_domain_with_a_managed_save_is_not_fixed(tmp_path, capsys, fakes):
+    """The flash contents are saved with the memory: the next start writes the saved store
+    back over the file and the fix would be silently gone."""
+    root = libvirt_host(tmp_path, False)
+    path = root / "var/lib/libvirt/qemu/save/web.save"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"LibvirtQemudSave")
+    nvram = root / "var/lib/libvirt/qemu/nvram/web_VARS.fd"
+    original = nvram.read_bytes()
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert "domain web (shut off): action-needed" in out, err
+    assert "has a managed save image" in out and "managedsave-remove" in out
+    assert nvram.read_bytes() == original and backups(nvram) == []
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/var/lib/libvirt/qemu/nvram/../../../../usr/share/OVMF/x.fd", "'..'"),
+        ("/usr/share/OVMF/OVMF_VARS_4M.ms.fd", "under /usr"),
+        ("web_VARS.fd", "not an absolute path"),
+    ],
+)
+def test_libvirt_nvram_paths_outside_a_vm_are_refused(tmp_path, capsys, fakes, path, message):
+    """A definition naming the firmware template (or a path with ..) as the NVRAM: --fix
+    must not change the template every new VM is made from."""
+    root = libvirt_host(tmp_path, False)
+    template = root / "usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    template.parent.mkdir(parents=True)
+    template.write_bytes(make_store(ms_variables()))
+    (root / "usr/share/OVMF/x.fd").write_bytes(make_store(ms_variables()))
+    xml = root / "etc/libvirt/qemu/web.xml"
+    xml.write_text(xml.read_text().replace("/var/lib/libvirt/qemu/nvram/web_VARS.fd", path))
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert rc == 2 and "domain web (shut off): error:" in out and message in out, out + err
+    assert backups(template) == [] and backups(root / "usr/share/OVMF/x.fd") == []
+
+
+def test_libvirt_definition_with_a_dtd_is_refused(tmp_path, capsys):
+    root = libvirt_host(tmp_path, False)
+    xml = root / "etc/libvirt/qemu/web.xml"
+    text = xml.read_text().replace(
+        "<domain type='kvm'>", "<!DOCTYPE domain [<!ENTITY p 'x'>]>\n<domain type='kvm'>"
+    )
+    xml.write_text(text)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 2 and "DOCTYPE" in err and err.count("\n") == 1
