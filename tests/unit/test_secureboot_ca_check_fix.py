@@ -1031,3 +1031,34 @@ def test_libvirt_definition_with_a_dtd_is_refused(tmp_path, capsys):
     xml.write_text(text)
     rc, out, err = run(capsys, "--libvirt", "--root", str(root))
     assert rc == 2 and "DOCTYPE" in err and err.count("\n") == 1
+
+
+def test_a_db_ca_in_kek_does_not_count_as_present_in_db(tmp_path, capsys, fakes, fake_cas):
+    """UEFI CA 2023 enrolled in KEK by mistake: db still lacks it and must get it."""
+    variables = ms_variables()
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + efi_esl(fake_cas["uefi_ca_2023"])
+    variables[3] = variable("KEK", kek, count=7, stamp=STAMP)
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(variables))
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and "added Microsoft UEFI CA 2023 to db" in out, out + err
+    db = efi.parse_varstore(path.read_bytes(), "x")["db"].data
+    assert efi_esl(fake_cas["uefi_ca_2023"]) in db
+
+
+def test_an_in_transition_copy_is_marked_deleted_too(tmp_path, capsys, fakes):
+    """A VM stopped mid-update leaves KEK in VAR_IN_DELETED_TRANSITION beside the new
+    copy; edk2's UpdateVariable marks both deleted when it writes the next one."""
+    esl = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    variables = ms_variables()
+    variables.insert(3, variable("KEK", esl, state=efi.VAR_ADDED_IN_DELETED_TRANSITION))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(variables))
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    states = [s.state for s in slots(path.read_bytes()) if s.name == "KEK"]
+    assert states == [0x3C, 0x3C, efi.VAR_ADDED]

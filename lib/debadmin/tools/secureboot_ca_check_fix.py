@@ -266,8 +266,13 @@ def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
     needed = sum(map(len, blobs))
     if store.free + needed <= store.end:
         data[store.free : store.free + needed] = b"".join(blobs)
-        for old in olds.values():
-            data[old.offset + 2] &= efi.VAR_IN_DELETED_TRANSITION & VAR_DELETED
+        # The old copy, and as UpdateVariable does an in-transition copy beside it too.
+        for slot in store.slots:
+            key = (slot.name, slot.guid)
+            if key in updates and (
+                slot is olds[key] or slot.state == efi.VAR_ADDED_IN_DELETED_TRANSITION
+            ):
+                data[slot.offset + 2] &= efi.VAR_IN_DELETED_TRANSITION & VAR_DELETED
         return bytes(data)
     # Reclaim: keep what edk2 keeps (VAR_ADDED, and an in-transition copy without one).
     kept = []
@@ -452,8 +457,9 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
         if (slot.attributes & efi.ATTR_AUTHENTICATED_DB) != efi.ATTR_AUTHENTICATED_DB:
             raise Error(f"{source}: {var}: attributes 0x{slot.attributes:08x} are not 0x27")
         current[var] = (slot, bytes(data[slot.data_at : slot.end]))
+    # Per variable: a db CA found in KEK (or the other way round) does not count.
     present = {
-        efi.fingerprint(e.cert)
+        (var, efi.fingerprint(e.cert))
         for var in VAR_GUIDS
         for e in efi.parse_signature_lists(current[var][1], f"{source}: {var}")
         if e.cert is not None
@@ -474,7 +480,7 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
         )
     additions: Dict[str, bytes] = {}
     for target in TARGETS:
-        if target[3] in present:
+        if (target[2], target[3]) in present:
             plan.present.append(target[0])
         elif target[0] in certs:
             cert = certs[target[0]]
