@@ -847,7 +847,7 @@ def combined_status(reports: List[dict]) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    now = datetime.datetime.utcnow()
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     quiet = getattr(args, "verbosity", 0) == -1
     textfile = textfile_directory(args.textfile_dir)
     try:
