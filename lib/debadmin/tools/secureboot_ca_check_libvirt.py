@@ -30,6 +30,7 @@ class Domain:
     name: str
     xml: str
     nvram: Optional[str]
+    error: Optional[str] = None  # why the definition could not be read
 
 
 def parse_xml(path: Path, what: str) -> ElementTree.Element:
@@ -71,12 +72,19 @@ def read_domains(root: Path) -> List[Domain]:
     domains = []
     for file_name in names:
         path = directory / file_name
-        tree = parse_xml(path, "a domain definition")
+        # One unreadable definition is that domain's error verdict, not the others'.
+        try:
+            tree = parse_xml(path, "a domain definition")
+        except Error as exc:
+            domains.append(Domain(file_name[:-4], str(path), None, str(exc)))
+            continue
         if tree.tag != "domain":
             continue
         name = (tree.findtext("name") or file_name[:-4]).strip()
         if not name or "/" in name:
-            raise Error(f"{path}: domain name {name!r} is not one libvirt accepts")
+            message = f"{path}: domain name {name!r} is not one libvirt accepts"
+            domains.append(Domain(file_name[:-4], str(path), None, message))
+            continue
         nvram = tree.find("os/nvram")
         path_text: Optional[str] = None
         if nvram is not None:
@@ -149,6 +157,9 @@ def nvram_path(domain: Domain, root: Path) -> Path:
 
 def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
     entry = {"domain": domain.name, "definition": domain.xml, "nvram": domain.nvram}
+    if domain.error:
+        entry.update({"verdict": "error", "error": domain.error, "exit_status": 2})
+        return entry
     if domain.nvram is None:
         entry.update({"verdict": "no-nvram", "exit_status": 3})
         return entry
@@ -185,6 +196,8 @@ def render(entries: List[dict], quiet: bool) -> str:
     for entry in entries:
         state = "running" if entry.get("running") else "shut off"
         head = f"domain {entry['domain']} ({state}): "
+        if "running" not in entry and entry["verdict"] == "error":
+            head = f"domain {entry['domain']}: "  # its state was not looked at
         if entry["verdict"] == "no-nvram":
             out.append(head + "no UEFI NVRAM (BIOS boot or no <nvram> element)")
         elif entry["verdict"] == "error":
