@@ -775,8 +775,9 @@ def test_libvirt_not_installed_and_broken_xml(tmp_path, capsys):
     assert rc == 3 and "libvirt" in err
     (tmp_path / "etc/libvirt/qemu").mkdir(parents=True)
     (tmp_path / "etc/libvirt/qemu/bad.xml").write_text("<domain><name>x</name>")
-    rc, _, err = run(capsys, "--libvirt", "--root", str(tmp_path))
-    assert rc == 2 and "not well-formed" in err and err.count("\n") == 1
+    rc, out, err = run(capsys, "--libvirt", "--root", str(tmp_path))
+    assert rc == 2 and "domain bad: error:" in out and "not well-formed" in out
+    assert err == ""
 
 
 def test_libvirt_missing_nvram_is_an_error_verdict(tmp_path, capsys):
@@ -823,3 +824,245 @@ def test_libvirt_firmware_autoselection_default_nvram(tmp_path, capsys):
     rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
     (domain,) = json.loads(out)["domains"]
     assert rc == 1 and domain["nvram"] == "/var/lib/libvirt/qemu/nvram/auto_VARS.fd", err
+
+
+# --- review: qcow2 options, backups, concurrent writers, exact certificate bytes ----------
+
+
+def qemu_img_info(path: Path) -> dict:
+    result = subprocess.run(
+        ["qemu-img", "info", "--output=json", "-f", "qcow2", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return json.loads(result.stdout)
+
+
+@needs_qemu_img
+def test_qcow2_keeps_its_options_and_snapshots(tmp_path, capsys, fakes, fake_cas):
+    """libvirt keeps internal snapshots of a VM in its qcow2 NVRAM: rewriting must not drop
+    them (nor change the cluster size or other options the file was made with)."""
+    raw = tmp_path / "raw.fd"
+    raw.write_bytes(make_store(ms_variables()))
+    path = tmp_path / "VARS.qcow2"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", "-o"]
+        + ["cluster_size=65536,lazy_refcounts=on", str(raw), str(path)],
+        check=True,
+    )
+    subprocess.run(["qemu-img", "snapshot", "-c", "before-upgrade", str(path)], check=True)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    info = qemu_img_info(path)
+    assert info["cluster-size"] == 65536
+    assert info["format-specific"]["data"]["lazy-refcounts"] is True
+    assert [s["name"] for s in info.get("snapshots", [])] == ["before-upgrade"]
+    back = tmp_path / "back.fd"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "qcow2", "-O", "raw", str(path), str(back)], check=True
+    )
+    kek = efi.parse_varstore(back.read_bytes(), "x")["KEK"].data
+    assert kek.endswith(der(fake_cas["kek_2k_ca_2023"]))
+
+
+@needs_qemu_img
+def test_qcow2_with_a_backing_file_is_refused(tmp_path, capsys, fakes):
+    base = tmp_path / "base.fd"
+    base.write_bytes(make_store(ms_variables()))
+    path = tmp_path / "VARS.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "raw", str(path)],
+        check=True,
+    )
+    original = path.read_bytes()
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 2 and "backing file" in err and err.count("\n") == 1
+    assert path.read_bytes() == original and backups(path) == []
+
+
+def test_qcow2_header_refusals(tmp_path):
+    header = bytearray(b"QFI\xfb" + struct.pack(">I", 3) + bytes(96))
+    struct.pack_into(">Q", header, 24, 540672)
+    fix.check_qcow2(bytes(header), tmp_path)
+    for at, fmt, value, message in (
+        (72, ">Q", 4, "external data file"),
+        (72, ">Q", 2, "corrupt"),
+        (32, ">I", 1, "encrypted"),
+        (24, ">Q", 1 << 40, "larger than a varstore"),
+    ):
+        bad = bytearray(header)
+        struct.pack_into(fmt, bad, at, value)
+        with pytest.raises(fix.Error, match=message):
+            fix.check_qcow2(bytes(bad), tmp_path)
+    with pytest.raises(fix.Error, match="truncated"):
+        fix.check_qcow2(bytes(header[:80]), tmp_path)
+
+
+class FrozenClock:
+    """datetime for fix: every backup made in the same second."""
+
+    timezone = datetime.timezone
+
+    class datetime(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2026, 11, 23, 12, 0, 0, tzinfo=tz)
+
+
+def test_a_backup_is_never_replaced(tmp_path, capsys, fakes, monkeypatch):
+    """Two runs in one second (KEK first, then db): the first backup, the only copy of the
+    original, must survive."""
+    monkeypatch.setattr(fix, "datetime", FrozenClock)
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    base = ["--root", str(tmp_path), "--varstore", str(path), "--fix"]
+    rc, _, err = run(capsys, *base, *cert_args(fakes, ["kek_2k_ca_2023"]))
+    assert rc == 1, err
+    rc, _, err = run(capsys, *base, *cert_args(fakes, ["uefi_ca_2023"]))
+    assert rc == 0, err
+    found = backups(path)
+    assert len(found) == 2 and original in [b.read_bytes() for b in found]
+
+
+@pytest.mark.parametrize("how", ["in place", "renamed over"])
+def test_file_changed_while_fixing_is_not_overwritten(tmp_path, capsys, fakes, monkeypatch, how):
+    """A writer that takes no lock (virt-fw-vars, a copy from a template) changes the file
+    after --fix read it: its change must not be lost."""
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    theirs = make_store(ms_variables()[1:])
+    plan_fix = fix.plan_fix
+
+    def racing(*args):
+        plan = plan_fix(*args)
+        if how == "in place":
+            with open(path, "r+b") as handle:
+                handle.write(theirs)
+        else:
+            other = tmp_path / "other"
+            other.write_bytes(theirs)
+            os.replace(other, path)
+        return plan
+
+    monkeypatch.setattr(fix, "plan_fix", racing)
+    rc, _, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 2 and "changed while --fix read it" in err and err.count("\n") == 1
+    assert path.read_bytes() == theirs and backups(path) == []
+
+
+def test_padded_template_entry_is_written_without_the_padding(tmp_path, capsys, fakes, fake_cas):
+    """Firmware pads certificates with zeros up to SignatureSize; what --fix copies from a
+    template must be the certificate alone (the bytes whose SHA-256 is the known one)."""
+
+    def padded_esl(cert):
+        raw = der(cert) + bytes(12)
+        return (
+            guid(efi.CERT_X509)
+            + struct.pack("<III", 28 + 16 + len(raw), 0, 16 + len(raw))
+            + guid(efi.MICROSOFT_OWNER)
+            + raw
+        )
+
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + padded_esl(fake_cas["kek_2k_ca_2023"])
+    template = tmp_path / fix.TEMPLATE_STORES[0]
+    template.parent.mkdir(parents=True)
+    template.write_bytes(make_store([variable("KEK", kek), variable("db", b"")]))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix")
+    assert "added Microsoft Corporation KEK 2K CA 2023" in out, err
+    new_kek = efi.parse_varstore(path.read_bytes(), "x")["KEK"].data
+    assert new_kek.endswith(efi_esl(fake_cas["kek_2k_ca_2023"]))
+
+
+# --- review: libvirt domains whose memory is kept, hostile definitions ----------------------
+
+
+def test_libvirt_domain_with_a_managed_save_is_not_fixed(tmp_path, capsys, fakes):
+    """The flash contents are saved with the memory: the next start writes the saved store
+    back over the file and the fix would be silently gone."""
+    root = libvirt_host(tmp_path, False)
+    path = root / "var/lib/libvirt/qemu/save/web.save"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"LibvirtQemudSave")
+    nvram = root / "var/lib/libvirt/qemu/nvram/web_VARS.fd"
+    original = nvram.read_bytes()
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert "domain web (shut off): action-needed" in out, err
+    assert "has a managed save image" in out and "managedsave-remove" in out
+    assert nvram.read_bytes() == original and backups(nvram) == []
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/var/lib/libvirt/qemu/nvram/../../../../usr/share/OVMF/x.fd", "'..'"),
+        ("/usr/share/OVMF/OVMF_VARS_4M.ms.fd", "under /usr"),
+        ("web_VARS.fd", "not an absolute path"),
+    ],
+)
+def test_libvirt_nvram_paths_outside_a_vm_are_refused(tmp_path, capsys, fakes, path, message):
+    """A definition naming the firmware template (or a path with ..) as the NVRAM: --fix
+    must not change the template every new VM is made from."""
+    root = libvirt_host(tmp_path, False)
+    template = root / "usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    template.parent.mkdir(parents=True)
+    template.write_bytes(make_store(ms_variables()))
+    (root / "usr/share/OVMF/x.fd").write_bytes(make_store(ms_variables()))
+    xml = root / "etc/libvirt/qemu/web.xml"
+    xml.write_text(xml.read_text().replace("/var/lib/libvirt/qemu/nvram/web_VARS.fd", path))
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert rc == 2 and "domain web: error:" in out and message in out, out + err
+    assert backups(template) == [] and backups(root / "usr/share/OVMF/x.fd") == []
+
+
+def test_libvirt_definition_with_a_dtd_is_refused(tmp_path, capsys):
+    root = libvirt_host(tmp_path, False)
+    xml = root / "etc/libvirt/qemu/web.xml"
+    text = xml.read_text().replace(
+        "<domain type='kvm'>", "<!DOCTYPE domain [<!ENTITY p 'x'>]>\n<domain type='kvm'>"
+    )
+    xml.write_text(text)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    doc = {d["domain"]: d for d in json.loads(out)["domains"]}
+    assert rc == 2 and doc["web"]["verdict"] == "error" and "DOCTYPE" in doc["web"]["error"]
+    # The other domains are still checked.
+    assert doc["db1"]["verdict"] == "action-needed"
+
+
+def test_a_db_ca_in_kek_does_not_count_as_present_in_db(tmp_path, capsys, fakes, fake_cas):
+    """UEFI CA 2023 enrolled in KEK by mistake: db still lacks it and must get it."""
+    variables = ms_variables()
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + efi_esl(fake_cas["uefi_ca_2023"])
+    variables[3] = variable("KEK", kek, count=7, stamp=STAMP)
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(variables))
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and "added Microsoft UEFI CA 2023 to db" in out, out + err
+    db = efi.parse_varstore(path.read_bytes(), "x")["db"].data
+    assert efi_esl(fake_cas["uefi_ca_2023"]) in db
+
+
+def test_an_in_transition_copy_is_marked_deleted_too(tmp_path, capsys, fakes):
+    """A VM stopped mid-update leaves KEK in VAR_IN_DELETED_TRANSITION beside the new
+    copy; edk2's UpdateVariable marks both deleted when it writes the next one."""
+    esl = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    variables = ms_variables()
+    variables.insert(3, variable("KEK", esl, state=efi.VAR_ADDED_IN_DELETED_TRANSITION))
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(variables))
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    states = [s.state for s in slots(path.read_bytes()) if s.name == "KEK"]
+    assert states == [0x3C, 0x3C, efi.VAR_ADDED]

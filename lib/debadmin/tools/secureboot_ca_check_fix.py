@@ -4,6 +4,7 @@ import base64
 import datetime
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -265,8 +266,13 @@ def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
     needed = sum(map(len, blobs))
     if store.free + needed <= store.end:
         data[store.free : store.free + needed] = b"".join(blobs)
-        for old in olds.values():
-            data[old.offset + 2] &= efi.VAR_IN_DELETED_TRANSITION & VAR_DELETED
+        # The old copy, and as UpdateVariable does an in-transition copy beside it too.
+        for slot in store.slots:
+            key = (slot.name, slot.guid)
+            if key in updates and (
+                slot is olds[key] or slot.state == efi.VAR_ADDED_IN_DELETED_TRANSITION
+            ):
+                data[slot.offset + 2] &= efi.VAR_IN_DELETED_TRANSITION & VAR_DELETED
         return bytes(data)
     # Reclaim: keep what edk2 keeps (VAR_ADDED, and an in-transition copy without one).
     kept = []
@@ -328,8 +334,10 @@ def parse_cert(der: bytes, source: str) -> x509.Certificate:
         ) from None
 
 
-def target_of(cert: x509.Certificate) -> Optional[Tuple[str, str, str, str]]:
-    sha256 = efi.fingerprint(cert)
+def target_of(der: bytes) -> Optional[Tuple[str, str, str, str]]:
+    """The target whose fingerprint is the SHA-256 of der: of the very bytes that would be
+    written, not of cryptography's re-encoding of what it parsed."""
+    sha256 = hashlib.sha256(der).hexdigest()
     return next((t for t in TARGETS if t[3] == sha256), None)
 
 
@@ -339,12 +347,13 @@ def load_cert_files(paths: List[str]) -> Dict[str, Cert]:
     for path in paths:
         blob = efi.read_bounded(Path(path), MAX_CERT_FILE, "a certificate")
         for der in certificates_in(blob, path):
-            cert = parse_cert(der, path)
-            target = target_of(cert)
+            parse_cert(der, path)
+            target = target_of(der)
             if target is None:
                 raise Error(
-                    f"{path}: certificate with SHA-256 fingerprint {efi.fingerprint(cert)} "
-                    "is not one of the four Microsoft 2023 CAs --fix adds"
+                    f"{path}: certificate with SHA-256 fingerprint "
+                    f"{hashlib.sha256(der).hexdigest()} is not one of the four Microsoft "
+                    "2023 CAs --fix adds"
                 )
             found[target[0]] = Cert(target, der, path)
     return found
@@ -366,8 +375,8 @@ def installed_certs(root: Path) -> Dict[str, Cert]:
             try:
                 blob = efi.read_bounded(path, MAX_CERT_FILE, "a certificate")
                 for der in certificates_in(blob, str(path)):
-                    cert = parse_cert(der, str(path))
-                    target = target_of(cert)
+                    parse_cert(der, str(path))
+                    target = target_of(der)
                     if target and target[0] not in found:
                         found[target[0]] = Cert(target, der, str(path))
             except Error:
@@ -383,9 +392,11 @@ def installed_certs(root: Path) -> Dict[str, Cert]:
                     for entry in efi.parse_signature_lists(variables[var].data, str(path)):
                         if entry.cert is None:
                             continue
-                        target = target_of(entry.cert)
+                        # Without the zeros some firmware pads an entry with.
+                        der = entry.data[: efi.der_length(entry.data)]
+                        target = target_of(der)
                         if target and target[0] not in found:
-                            found[target[0]] = Cert(target, entry.data, f"{path} ({var})")
+                            found[target[0]] = Cert(target, der, f"{path} ({var})")
         except Error:
             continue
     return found
@@ -446,8 +457,9 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
         if (slot.attributes & efi.ATTR_AUTHENTICATED_DB) != efi.ATTR_AUTHENTICATED_DB:
             raise Error(f"{source}: {var}: attributes 0x{slot.attributes:08x} are not 0x27")
         current[var] = (slot, bytes(data[slot.data_at : slot.end]))
+    # Per variable: a db CA found in KEK (or the other way round) does not count.
     present = {
-        efi.fingerprint(e.cert)
+        (var, efi.fingerprint(e.cert))
         for var in VAR_GUIDS
         for e in efi.parse_signature_lists(current[var][1], f"{source}: {var}")
         if e.cert is not None
@@ -468,7 +480,7 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
         )
     additions: Dict[str, bytes] = {}
     for target in TARGETS:
-        if target[3] in present:
+        if (target[2], target[3]) in present:
             plan.present.append(target[0])
         elif target[0] in certs:
             cert = certs[target[0]]
@@ -522,26 +534,47 @@ def qemu_img(*args: str) -> None:
         raise Error(f"qemu-img {args[0]} failed: {message[-1] if message else result.returncode}")
 
 
-def read_store_file(handle, path: Path) -> Tuple[bytes, bool]:
-    """The raw store bytes of an open NVRAM file (qcow2 converted by qemu-img) and whether
-    it is qcow2."""
+def check_qcow2(image: bytes, path: Path) -> None:
+    """Refuse a qcow2 NVRAM whose data is not in this file alone or that qemu-img cannot
+    rewrite faithfully (QEMU's docs/interop/qcow2.txt header)."""
+    version = struct.unpack_from(">I", image, 4)[0] if len(image) >= 8 else 0
+    if len(image) < (104 if version >= 3 else 72):
+        raise Error(f"{path}: truncated qcow2 header")
+    backing_offset, _, _, size, crypt = struct.unpack_from(">QIIQI", image, 8)
+    incompatible = struct.unpack_from(">Q", image, 72)[0] if version >= 3 else 0
+    if backing_offset:
+        raise Error(f"{path}: a qcow2 file with a backing file: --fix changes single files only")
+    if incompatible & 0x4:
+        raise Error(f"{path}: a qcow2 file with an external data file: --fix refuses it")
+    if incompatible & 0x2:
+        raise Error(f"{path}: qcow2 file marked corrupt (qemu-img check -r all)")
+    if crypt:
+        raise Error(f"{path}: an encrypted qcow2 file: --fix refuses it")
+    if size > efi.MAX_VARSTORE:
+        raise Error(f"{path}: qcow2 of {size} bytes, larger than a varstore")
+
+
+def read_store_file(handle, path: Path) -> Tuple[bytes, Optional[bytes]]:
+    """The raw store bytes of an open NVRAM file (qcow2 converted by qemu-img) and, for
+    qcow2, the image itself."""
     head = os.pread(handle.fileno(), 4, 0)
     if head != QCOW2_MAGIC:
         handle.seek(0)
         data = handle.read(efi.MAX_VARSTORE + 1)
         if len(data) > efi.MAX_VARSTORE:
             raise Error(f"{path}: larger than {efi.MAX_VARSTORE >> 20} MiB, not a varstore")
-        return data, False
+        return data, None
     # qemu-img reads a copy: it would refuse the file we hold locked.
     handle.seek(0)
     image = handle.read(2 * efi.MAX_VARSTORE + 1)
     if len(image) > 2 * efi.MAX_VARSTORE:
         raise Error(f"{path}: larger than {2 * efi.MAX_VARSTORE >> 20} MiB, not a varstore")
+    check_qcow2(image, path)
     with tempfile.TemporaryDirectory(prefix="secureboot-ca-check.") as tmp:
         copy, raw = Path(tmp) / "qcow2", Path(tmp) / "raw"
         copy.write_bytes(image)
         qemu_img("convert", "-f", "qcow2", "-O", "raw", str(copy), str(raw))
-        return efi.read_bounded(raw, efi.MAX_VARSTORE, "a varstore"), True
+        return efi.read_bounded(raw, efi.MAX_VARSTORE, "a varstore"), image
 
 
 def read_nvram(path: Path) -> bytes:
@@ -550,44 +583,62 @@ def read_nvram(path: Path) -> bytes:
         return read_store_file(handle, path)[0]
 
 
-def write_store(path: Path, chunks, qcow2: bool, info: os.stat_result) -> None:
+def write_store(path: Path, chunks, image: Optional[bytes], info: os.stat_result) -> None:
     owner = {"uid": info.st_uid, "gid": info.st_gid} if os.geteuid() == 0 else {}
     mode = stat.S_IMODE(info.st_mode)
-    if not qcow2:
+    if image is None:
         with fsutil.atomic_writer(path, mode=mode, **owner) as out:
             for chunk in chunks:
                 out.write(chunk)
         return
+    raw_data = b"".join(chunks)
     with tempfile.TemporaryDirectory(prefix="secureboot-ca-check.") as tmp:
-        raw = Path(tmp) / "raw"
-        with open(raw, "wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-        converted = Path(tmp) / "qcow2"
-        # The cluster size libvirt and virt-fw-vars use for NVRAM.
-        qemu_img(
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            "-o",
-            "cluster_size=4096",
-            "-S",
-            "4096",
-            str(raw),
-            str(converted),
-        )
-        with fsutil.atomic_writer(path, mode=mode, **owner) as out, open(converted, "rb") as src:
+        raw, copy, back = Path(tmp) / "raw", Path(tmp) / "qcow2", Path(tmp) / "back"
+        raw.write_bytes(raw_data)
+        # Written into a copy of the original (-n): its cluster size, compat level,
+        # refcount width, compression type and internal snapshots stay as they were.
+        copy.write_bytes(image)
+        qemu_img("convert", "-n", "-f", "raw", "-O", "qcow2", str(raw), str(copy))
+        qemu_img("convert", "-f", "qcow2", "-O", "raw", str(copy), str(back))
+        if back.read_bytes() != raw_data:
+            raise Error(f"{path}: internal error: the rewritten qcow2 file does not read back")
+        with fsutil.atomic_writer(path, mode=mode, **owner) as out, open(copy, "rb") as src:
             shutil.copyfileobj(src, out)
 
 
 def backup_path(path: Path, now: datetime.datetime) -> Path:
-    return path.with_name(f"{path.name}.{now.strftime('%Y%m%dT%H%M%SZ')}.bak")
+    """A name beside path that no file has: an earlier backup is never replaced."""
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    backup, number = path.with_name(f"{path.name}.{stamp}.bak"), 1
+    while os.path.lexists(backup):
+        backup, number = path.with_name(f"{path.name}.{stamp}.{number}.bak"), number + 1
+    return backup
+
+
+def unchanged(fd: int, path: Path, seen: os.stat_result) -> None:
+    """Refuse when the file changed since it was read (a writer that takes no lock) or
+    path names another file now (replaced by rename): the change would be lost."""
+    now = os.fstat(fd)
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        named = None
+    if (
+        (now.st_size, now.st_mtime_ns) != (seen.st_size, seen.st_mtime_ns)
+        or named is None
+        or (
+            named.st_dev,
+            named.st_ino,
+        )
+        != (now.st_dev, now.st_ino)
+    ):
+        raise Error(f"{path} changed while --fix read it: nothing written, run it again")
 
 
 def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
-    """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result."""
+    """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result.
+
+    The lock taken before the file is read is held until the new file is in place."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -601,19 +652,24 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
         os.set_blocking(fd, True)
         if ofd_locked(fd):
             raise Error(f"{path} is locked by another process (a running VM?): shut it down first")
-        data, qcow2 = read_store_file(handle, path)
+        seen = os.fstat(fd)
+        data, image = read_store_file(handle, path)
         plan = plan_fix(data, str(path), certs)
         result = plan.as_json()
-        result.update({"format": "qcow2" if qcow2 else "raw", "backup": None, "written": False})
+        result.update(
+            {"format": "raw" if image is None else "qcow2", "backup": None, "written": False}
+        )
         if plan.new_bytes is None or dry_run:
             return result
+        unchanged(fd, path, seen)
         backup = backup_path(path, datetime.datetime.now(datetime.timezone.utc))
         owner = {"uid": info.st_uid, "gid": info.st_gid} if os.geteuid() == 0 else {}
         # The backup from the file we hold open (and locked), whatever its format.
         handle.seek(0)
         with fsutil.atomic_writer(backup, mode=stat.S_IMODE(info.st_mode), **owner) as out:
             shutil.copyfileobj(handle, out)
-        write_store(path, plan.new_bytes, qcow2, info)
+        unchanged(fd, path, seen)
+        write_store(path, plan.new_bytes, image, info)
         result.update({"backup": str(backup), "written": True})
         return result
 

@@ -21,6 +21,7 @@ from debadmin.tools import secureboot_ca_check_fix as fix
 
 DOMAIN_DIR = "etc/libvirt/qemu"
 RUN_DIR = "run/libvirt/qemu"
+SAVE_DIR = "var/lib/libvirt/qemu/save"
 MAX_XML = 1 << 20
 
 
@@ -29,6 +30,34 @@ class Domain:
     name: str
     xml: str
     nvram: Optional[str]
+    error: Optional[str] = None  # why the definition could not be read
+
+
+def parse_xml(path: Path, what: str) -> ElementTree.Element:
+    """The XML libvirt wrote: UTF-8, no DTD (libvirt writes none; an internal entity would
+    let the file say one thing to a reader and another to libvirt)."""
+    blob = efi.read_bounded(path, MAX_XML, what)
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Error(f"{path}: not UTF-8") from None
+    if "<!DOCTYPE" in text or "<!ENTITY" in text:
+        raise Error(f"{path}: has a DOCTYPE or an entity declaration, which libvirt never writes")
+    try:
+        return ElementTree.fromstring(blob)
+    except ElementTree.ParseError as exc:
+        raise Error(f"{path}: not well-formed XML ({exc})") from None
+
+
+def nvram_problem(path_text: str) -> Optional[str]:
+    """Why an <nvram> path is not one --libvirt reads or writes, or None."""
+    if not path_text.startswith("/"):
+        return "not an absolute path"
+    if ".." in path_text.split("/"):
+        return "a path with '..'"
+    if path_text.startswith("/usr/"):
+        return "a file under /usr (a firmware template, not a VM's own NVRAM)"
+    return None
 
 
 def read_domains(root: Path) -> List[Domain]:
@@ -43,14 +72,19 @@ def read_domains(root: Path) -> List[Domain]:
     domains = []
     for file_name in names:
         path = directory / file_name
+        # One unreadable definition is that domain's error verdict, not the others'.
         try:
-            text = efi.read_bounded(path, MAX_XML, "a domain definition")
-            tree = ElementTree.fromstring(text)
-        except ElementTree.ParseError as exc:
-            raise Error(f"{path}: not well-formed XML ({exc})") from None
+            tree = parse_xml(path, "a domain definition")
+        except Error as exc:
+            domains.append(Domain(file_name[:-4], str(path), None, str(exc)))
+            continue
         if tree.tag != "domain":
             continue
         name = (tree.findtext("name") or file_name[:-4]).strip()
+        if not name or "/" in name:
+            message = f"{path}: domain name {name!r} is not one libvirt accepts"
+            domains.append(Domain(file_name[:-4], str(path), None, message))
+            continue
         nvram = tree.find("os/nvram")
         path_text: Optional[str] = None
         if nvram is not None:
@@ -74,7 +108,7 @@ def domain_running(domain: Domain, root: Path) -> bool:
     if root == Path("/") and shutil.which("virsh"):
         try:
             result = subprocess.run(
-                ["virsh", "--connect", "qemu:///system", "domstate", domain.name],
+                ["virsh", "--connect", "qemu:///system", "domstate", "--domain", domain.name],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
@@ -107,17 +141,35 @@ def nvram_locked(path: Path) -> bool:
         os.close(fd)
 
 
+def saved_state(domain: Domain, root: Path) -> Optional[str]:
+    """Why the VM's next start resumes saved memory, or None.  The flash contents travel
+    with the memory (qemu's pflash): resumed after --fix, qemu writes the saved, unfixed
+    store back over the file and the fix is silently gone.  (A snapshot is not such a
+    case: reverting to one is meant to bring its NVRAM back.)"""
+    if (root / SAVE_DIR / f"{domain.name}.save").exists():
+        return "has a managed save image (virsh managedsave)"
+    return None
+
+
 def nvram_path(domain: Domain, root: Path) -> Path:
     return root / domain.nvram.lstrip("/")
 
 
 def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
     entry = {"domain": domain.name, "definition": domain.xml, "nvram": domain.nvram}
+    if domain.error:
+        entry.update({"verdict": "error", "error": domain.error, "exit_status": 2})
+        return entry
     if domain.nvram is None:
         entry.update({"verdict": "no-nvram", "exit_status": 3})
         return entry
+    problem = nvram_problem(domain.nvram)
+    if problem:
+        entry.update({"verdict": "error", "error": f"{domain.nvram}: {problem}", "exit_status": 2})
+        return entry
     path = nvram_path(domain, root)
     entry["running"] = domain_running(domain, root) or nvram_locked(path)
+    entry["saved_state"] = saved_state(domain, root)
     try:
         data = fix.read_nvram(path)
         variables = efi.parse_varstore(data, str(path))
@@ -144,6 +196,8 @@ def render(entries: List[dict], quiet: bool) -> str:
     for entry in entries:
         state = "running" if entry.get("running") else "shut off"
         head = f"domain {entry['domain']} ({state}): "
+        if "running" not in entry and entry["verdict"] == "error":
+            head = f"domain {entry['domain']}: "  # its state was not looked at
         if entry["verdict"] == "no-nvram":
             out.append(head + "no UEFI NVRAM (BIOS boot or no <nvram> element)")
         elif entry["verdict"] == "error":
@@ -185,6 +239,12 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
         if args.fix and entry["verdict"] == "action-needed":
             if entry["running"]:
                 entry["skipped"] = "running: shut it down, then run --fix again"
+            elif entry["saved_state"]:
+                entry["skipped"] = (
+                    f"{entry['saved_state']}: its next start would write the saved store "
+                    "back over the change; discard the saved state (virsh "
+                    "managedsave-remove) or start and shut it down, then run --fix again"
+                )
             else:
                 try:
                     entry["fix"] = fix.fix_file(
