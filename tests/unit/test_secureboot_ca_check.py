@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import random
+import re
 import struct
 import uuid
 import warnings
@@ -1733,3 +1734,62 @@ def test_fuzz_messy_variables_through_the_report(tmp_path):
                 continue
         json.dumps(report)
         assert report["verdict"] in ("ok", "action-needed", "not-applicable")
+
+
+# --- the man page's JSON section against a real run ----------------------------------------------
+
+MAN_PAGE = Path(__file__).resolve().parents[2] / "man" / "secureboot-ca-check.8"
+
+
+def man_json_words() -> set:
+    """Every bold word of the man page's 'JSON fields' section (keys, codes, values)."""
+    text = MAN_PAGE.read_text()
+    section = text[text.index(".SS JSON fields") : text.index(".SH EXIT STATUS")]
+    words = set()
+    for line in section.splitlines():
+        macro, _, rest = line.partition(" ")
+        rest = rest.replace("\\-", "-").replace("\\(dq", "'")
+        args = [a.replace('"', "") for a in re.findall(r'"[^"]*"|\S+', rest)]
+        bold = {".B": args, ".BR": args[0::2], ".RB": args[1::2], ".BI": args[0::2]}
+        for arg in bold.get(macro, []):
+            words.update(re.findall(r"[A-Za-z0-9_][A-Za-z0-9_-]*", arg))
+    return words
+
+
+def json_keys(value) -> set:
+    if isinstance(value, dict):
+        return set(value).union(*(json_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(json_keys(v) for v in value))
+    return set()
+
+
+def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
+    """Every key of real --json output (messy firmware, a shim, a look-alike, a test key,
+    no UEFI) and every finding code is documented; every documented snake_case key exists."""
+    ca, signer = owner_pki()
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(signed_pe(signer))
+    fake, _ = make_cert("Micr\u043esoft UEFI CA 2023", org="Microsoft Corporation")
+    snakeoil, _ = make_cert("Debian OVMF Secure Boot Enrollment Key snakeoil")
+    variables = supermicro_variables()
+    variables["db"] = cert_esl(fake, ca, snakeoil) + variables["db"]
+    variables["dbx"] = esl(SHA256_TYPE, [bytes.fromhex(efi.read_pe(shim).sha256)])
+    variables["KEKDefault"] = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    variables["dbDefault"] = (REAL / "ovmf-ms-db.esl").read_bytes()
+    efivars = write_efivars(tmp_path / "efivars", variables)
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"]
+    (tmp_path / "empty").mkdir()
+    rc, no_uefi = run_json(capsys, "--root", str(tmp_path / "empty"))
+    documented = man_json_words()
+    keys = json_keys(doc) | json_keys(no_uefi)
+    codes = {f["code"] for d in (doc, no_uefi) for f in d["findings"]}
+    assert {"pem-entry", "unreadable", "lookalike", "test-key", "shim-not-accepted"} <= codes
+    assert keys - documented == set()
+    assert codes - documented == set()
+    snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
+    values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
+    assert snake - keys - values == set()
