@@ -1453,7 +1453,11 @@ def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
     "name,data,message",
     [
         ("KEK", b"\x27garbage", "KEK: signature list 1 at byte 0: truncated header"),
-        ("db", esl(efi.CERT_X509, [b"\x30\x03abc"]), "db: signature list 1 at byte 0: entry 1"),
+        (
+            "db",
+            esl(efi.CERT_X509, [b"\x30\x03abc"])[:24] + struct.pack("<I", 100) + b"x" * 60,
+            "db: signature list 1 at byte 0: list size 49 is not a whole number of 100-byte",
+        ),
         (
             "db",
             guid("01234567-89ab-cdef-0123-456789abcdef")
@@ -1467,6 +1471,41 @@ def test_kek_or_db_unreadable_at_all_is_an_error(tmp_path, capsys, name, data, m
     efivars = write_efivars(tmp_path / "efivars", ms_variables(**{name: data}))
     rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     assert rc == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_db_of_undecodable_entries_beside_a_readable_kek_is_a_report(tmp_path, capsys):
+    """A sound list whose every entry cannot be decoded has been read: none of its entries
+    is one of Microsoft's CAs (they decode, and are known by fingerprint).  Only when KEK
+    and db together yield no certificate is there nothing to judge."""
+    garbage = esl(efi.CERT_X509, [b"\x30\x03abc"]) + esl(efi.CERT_X509, [b"\x30\x82" + b"z" * 90])
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=garbage))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    found = {(f["code"], f["subject"]): f for f in doc["reports"][0]["findings"]}
+    assert rc == 1 and found[("db-uefi-ca-2023-missing", "db")]["severity"] == "action"
+    assert "list 2 at byte 49: entry 1 is not a DER" in found[("unreadable", "db")]["message"]
+    efivars = write_efivars(tmp_path / "both", ms_variables(db=garbage, KEK=garbage))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "KEK and db hold no certificate that can be read; KEK: signature list 1" in err
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 10, b"\xff" * 3, b"junk"])
+def test_list_size_beyond_whole_signatures_is_read_as_edk2_does(tmp_path, capsys, tail):
+    """edk2 reads (SignatureListSize - 28) / SignatureSize entries: padding inside a list
+    after its last signature (or a SignatureSize that lies) loses no certificate."""
+    one = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    padded = one[:16] + struct.pack("<I", len(one) + len(tail)) + one[20:] + tail
+    entries, problems = efi.read_signature_lists(padded)
+    assert [sbc.KNOWN_CAS[efi.fingerprint(e.cert)][0] for e in entries] == ["uefi_ca_2023"]
+    code = "trailing-data" if tail == b"junk" else "padding"
+    assert [(p.code, p.severity) for p in problems] == [(code, "info")]
+    assert f"{len(tail)} bytes of" in problems[0].message
+    with pytest.raises(Error, match="is not a whole number of"):
+        efi.parse_signature_lists(padded, "db")
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + padded
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert doc["reports"][0]["microsoft_cas"]["uefi_ca_2023"]["in_db"] is True
 
 
 def test_unreadable_pk_and_dbx_are_findings(tmp_path, capsys):

@@ -226,23 +226,37 @@ def describe_database(
         "_problems": [
             {"code": p.code, "severity": p.severity, "message": p.message} for p in problems
         ],
-        "_read_nothing": bool(variable.data) and not entries,
+        # Nothing walked: no list of it had a sound header.
+        "_read_nothing": bool(variable.data)
+        and not entries
+        and all(p.structural or p.severity == "info" for p in problems),
     }
 
 
 def check_readable(databases: Dict[str, Optional[dict]], source: str) -> None:
     """Refuse a source whose KEK or db cannot be read at all: no verdict is possible.
 
-    Anything less (one bad entry, PEM text, padding, an unreadable PK or dbx) is a finding
-    and the verdict comes from the rest.
+    "At all": the signature-list structure of KEK or db is broken before a single list
+    (nothing is known of what it holds), or KEK and db together yield no certificate while
+    entries of them could not be decoded.  Anything less (one bad entry, every entry of KEK
+    undecodable beside a readable db, PEM text, padding, an unreadable PK or dbx) is a
+    finding and the verdict comes from the rest: Microsoft's CAs are recognised by their
+    fingerprints, and an entry that cannot be decoded is none of them.
     """
-    for name in ("KEK", "db"):
-        database = databases[name]
-        if database is None or not database["_read_nothing"]:
-            continue
-        failures = [p for p in database["_problems"] if p["severity"] != "info"]
-        if failures:
-            raise Error(f"{source}: {name}: {failures[0]['message']}")
+    failures = {
+        name: [p for p in database["_problems"] if p["severity"] != "info"]
+        for name, database in databases.items()
+        if name in ("KEK", "db") and database is not None
+    }
+    for name, database in databases.items():
+        if failures.get(name) and database["_read_nothing"]:
+            raise Error(f"{source}: {name}: {failures[name][0]['message']}")
+    if any(failures.values()) and not any(databases[name]["certificates"] for name in failures):
+        name = next(name for name in failures if failures[name])
+        raise Error(
+            f"{source}: KEK and db hold no certificate that can be read; "
+            f"{name}: {failures[name][0]['message']}"
+        )
 
 
 # --- shim ------------------------------------------------------------------------------------

@@ -127,6 +127,9 @@ class Problem:
     severity: str
     message: str
     strict: Optional[str] = None  # the strict parser's message, when it differs
+    # True when the lists' structure itself is broken (a header, a size), False for what
+    # is wrong inside a list whose entries could be walked.
+    structural: bool = False
 
 
 # Zero padding after a DER certificate (some firmware pads up to SignatureSize) and the
@@ -180,6 +183,7 @@ def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
                 "info" if padding else "warning",
                 f"{where}: truncated header ({left} of 28 bytes)"
                 + (", padding" if padding else ", not read"),
+                structural=not padding,
             )
             return
         type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
@@ -192,12 +196,17 @@ def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
             else:
                 why = f"list size {list_size} is not a whole number of signatures"
             yield Problem(
-                "unreadable", "warning", f"{where}: {why}; the remaining {left} bytes are not read"
+                "unreadable",
+                "warning",
+                f"{where}: {why}; the remaining {left} bytes are not read",
+                structural=True,
             )
             return
         problem = list_header_problem(guid_str(type_raw), list_size, header_size, sig_size)
         if problem:
-            yield Problem("unreadable", "warning", f"{where}: {problem}; list skipped")
+            yield Problem(
+                "unreadable", "warning", f"{where}: {problem}; list skipped", structural=True
+            )
         else:
             yield from list_entries(data, offset, list_size, sig_size, guid_str(type_raw), where)
         offset += list_size
@@ -212,8 +221,7 @@ def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_siz
         return f"header size {header_size} (must be 0 for {kind})"
     if sig_size <= 16 or (fixed is not None and sig_size != fixed):
         return f"signature size {sig_size} is wrong for {kind}"
-    body = list_size - 28
-    if body <= 0 or body % sig_size:
+    if list_size - 28 < sig_size:
         return f"list size {list_size} is not a whole number of {sig_size}-byte signatures"
     return None
 
@@ -221,9 +229,13 @@ def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_siz
 def list_entries(
     data: bytes, offset: int, list_size: int, sig_size: int, sig_type: str, where: str
 ) -> Iterator[Union[Entry, Problem]]:
+    """The entries of one list.  Like edk2 (CertCount = body / SignatureSize), the whole
+    signatures are read when the list's size is not a multiple of SignatureSize (padding
+    after the last one, or a SignatureSize that lies), and the rest is a finding."""
     kind = SIGNATURE_TYPES[sig_type][0]
     start = offset + 28
-    for index in range((list_size - 28) // sig_size):
+    count, left = divmod(list_size - 28, sig_size)
+    for index in range(count):
         at = start + index * sig_size
         owner = guid_str(data[at : at + 16])
         payload = bytes(data[at + 16 : at + sig_size])
@@ -231,6 +243,17 @@ def list_entries(
             yield Entry(kind, owner, payload)
             continue
         yield from x509_entry(payload, owner, f"{where}: entry {index + 1}")
+    if left:
+        tail = data[offset + list_size - left : offset + list_size]
+        zeros = not tail.strip(b"\0") or not tail.strip(b"\xff")
+        yield Problem(
+            "padding" if zeros else "trailing-data",
+            "info",
+            f"{where}: {left} bytes of {'padding' if zeros else 'other data'} after its "
+            f"last whole {sig_size}-byte signature, not read",
+            f"{where}: list size {list_size} is not a whole number of {sig_size}-byte "
+            "signatures",
+        )
 
 
 def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, Problem]]:
