@@ -1832,3 +1832,35 @@ def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
     snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
     values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
     assert snake - keys - values == set()
+
+
+@pytest.mark.parametrize(
+    "value,attributes,status",
+    [
+        (b"\x01", 0x01, 1),  # NV only: still the switch edk2 reads
+        (b"\x00", 0x02, 3),
+        (b"\x00", 0x0B, 3),  # odd bits: not a reason to refuse the whole check
+        (b"\x01\x00", 0x03, 1),  # edk2 reads the first byte
+        (b"\x00\x01", 0x03, 3),
+        (b"\x02", 0x03, 3),  # only 1 enables
+        (b"", 0x03, 3),
+    ],
+)
+def test_odd_secure_boot_enable_is_read_as_edk2_reads_it(
+    tmp_path, capsys, value, attributes, status
+):
+    order = [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes()) for n in ("db", "dbx", "KEK", "PK")]
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(order + [("SecureBootEnable", value, 0x3F, attributes)]))
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    assert rc == status
+    disabled = [f for f in doc["reports"][0]["findings"] if f["code"] == "secure-boot-disabled"]
+    assert bool(disabled) is (status == 3)
+    if value == b"":
+        assert disabled[0]["message"].startswith("SecureBootEnable is empty:")
+    # Not read from efivarfs (it has no runtime access), so never a reason for an error.
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(SecureBootEnable=value), {"SecureBootEnable": 0x01}
+    )
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 1 and err == ""

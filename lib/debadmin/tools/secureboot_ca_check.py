@@ -11,7 +11,7 @@ import time
 import unicodedata
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import apt_pkg
 from cryptography import x509
@@ -479,8 +479,8 @@ def build_report(
 
 def firmware_state(
     kind: str, variables: Dict[str, efi.Variable], path: str
-) -> Tuple[Optional[bool], Optional[bool], Optional[int]]:
-    """(SecureBoot, SetupMode, SecureBootEnable's value or None) of a source.
+) -> Tuple[Optional[bool], Optional[bool], Union[int, str, None]]:
+    """(SecureBoot, SetupMode, SecureBootEnable's first byte, "empty" or None) of a source.
 
     An NVRAM file has no live SecureBoot variable: it is decided as edk2's AuthVariableLib
     decides at boot.  User mode when a PK variable exists (whether or not it holds a
@@ -496,7 +496,9 @@ def firmware_state(
     pk = variables.get("PK")
     user_mode = pk is not None and bool(pk.data)
     enable = variables.get("SecureBootEnable")
-    value = (enable.data[0] if enable.data else 0) if enable is not None else None
+    # edk2 reads the first byte, whatever the size; of an empty one the byte after it,
+    # which is never 1 in a store (0xff erased, 0xaa a header).
+    value = (enable.data[0] if enable.data else "empty") if enable is not None else None
     return user_mode and value in (None, 1), not user_mode, value
 
 

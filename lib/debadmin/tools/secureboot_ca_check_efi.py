@@ -373,7 +373,14 @@ class Variable:
 
 
 def check_attributes(name: str, attributes: int, source: str) -> None:
-    """Refuse attribute words no firmware sets on these variables."""
+    """Refuse attribute words no firmware sets on these variables.
+
+    SecureBootEnable is exempt: edk2 reads its first byte whatever its attributes (it is
+    NV+BS, not visible in efivarfs), and refusing the whole check over a switch the
+    report only reads would leave the machine without a verdict.
+    """
+    if name == "SecureBootEnable":
+        return
     if attributes & ~0xFF:
         raise Error(f"{source}: {name}: undefined attribute bits in 0x{attributes:08x}")
     if attributes & (ATTR_HW_ERROR | ATTR_AUTH_WRITE):
