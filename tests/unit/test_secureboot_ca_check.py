@@ -1624,6 +1624,17 @@ def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdi
         "M\u0456crosoft Option ROM UEFI CA 2023",  # Ukrainian i
         "Micr\u00f6soft UEFI CA 2O23",  # an accent, a letter O for the zero
         "Windows UEFI CA 2\u200b023",  # a zero-width space
+        "\uff2d\uff49\uff43\uff52\uff4f\uff53\uff4f\uff46\uff54 UEFI CA 2023",  # fullwidth
+        "Micr\u03bfsoft UEFI CA 2023",  # Greek omicron
+        "Micro\u200dsoft UEFI CA 2023 ",  # a zero-width joiner, a trailing space
+        "Microsoft\u00a0Option ROM UEFI CA 2023\u00ad",  # no-break space, soft hyphen
+        "Micr\u0585soft UEFI CA 2023",  # Armenian oh
+        "\u13b7icrosoft UEFI CA 2023",  # Cherokee M
+        "\ua4dficrosoft UEFI CA 2023",  # Lisu M
+        "\u1d0dicrosoft Corporation KEK 2K CA 2023",  # Latin small capital M
+        "Microsoft UEFI C\u0251 2023",  # Latin alpha
+        "rnicrosoft UEFI CA 2023",  # r n for m
+        "\U0001d40cicrosoft UEFI CA 2023",  # mathematical bold M
     ],
 )
 def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
@@ -1638,7 +1649,19 @@ def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
 
 @pytest.mark.parametrize(
     "cn",
-    ["\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK", "Microsoft UEFI CA 2024"],
+    [
+        "\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK",
+        "Microsoft UEFI CA 2024",
+        # Microsoft's own names that are not the seven CAs (their issuers, platform keys).
+        "Microsoft Corporation Third Party Marketplace Root",
+        "Microsoft RSA Devices Root CA 2021",
+        "Microsoft Root Certificate Authority 2010",
+        "Microsoft Hyper-V Firmware PK",
+        "Microsoft Windows PCA 2010",
+        "Microsoft Corporation KEK CA 2023",
+        "Microsoft Windows Production PCA 2023",
+        "Microsoft UEFI CA 2023 Test",
+    ],
 )
 def test_other_names_are_not_lookalikes(cn):
     cert, _ = make_cert(cn)

@@ -120,8 +120,64 @@ HOMOGLYPHS = str.maketrans(
         **dict.fromkeys("Μ", "m"),
         **dict.fromkeys("Ν", "n"),
         "i": "l",  # i, l, 1 and I are told apart by nobody reading a certificate name
+        # Latin small capitals and IPA letters (after casefold, which leaves them).
+        **dict.fromkeys("ᴀɑ", "a"),
+        **dict.fromkeys("ʙ", "b"),
+        **dict.fromkeys("ᴄ", "c"),
+        **dict.fromkeys("ᴅ", "d"),
+        **dict.fromkeys("ᴇ", "e"),
+        **dict.fromkeys("ꜰ", "f"),
+        **dict.fromkeys("ɢɡ", "g"),
+        **dict.fromkeys("ʜ", "h"),
+        **dict.fromkeys("ɪɩʟ", "l"),
+        **dict.fromkeys("ᴊ", "j"),
+        **dict.fromkeys("ᴋ", "k"),
+        **dict.fromkeys("ᴍ", "m"),
+        **dict.fromkeys("ɴ", "n"),
+        **dict.fromkeys("ᴏ", "o"),
+        **dict.fromkeys("ᴘ", "p"),
+        **dict.fromkeys("ʀ", "r"),
+        **dict.fromkeys("ꜱ", "s"),
+        **dict.fromkeys("ᴛ", "t"),
+        **dict.fromkeys("ᴜ", "u"),
+        **dict.fromkeys("ᴠ", "v"),
+        **dict.fromkeys("ᴡ", "w"),
+        **dict.fromkeys("ʏ", "y"),
+        **dict.fromkeys("ᴢ", "z"),
+        # Armenian, and Cherokee and Lisu capitals (casefold keeps Cherokee capitals).
+        **dict.fromkeys("օՕ", "o"),
+        **dict.fromkeys("ո", "n"),
+        **dict.fromkeys("սՍ", "u"),
+        **dict.fromkeys("հ", "h"),
+        **dict.fromkeys("ցԳ", "g"),
+        **dict.fromkeys("Ꭺꓮ", "a"),
+        **dict.fromkeys("Ᏼꓐ", "b"),
+        **dict.fromkeys("Ꮯꓚ", "c"),
+        **dict.fromkeys("Ꭰꓓ", "d"),
+        **dict.fromkeys("Ꭼꓰ", "e"),
+        **dict.fromkeys("ꓝ", "f"),
+        **dict.fromkeys("Ꮐꓖ", "g"),
+        **dict.fromkeys("Ꮋꓧ", "h"),
+        **dict.fromkeys("Ꮮꓲꓡ", "l"),
+        **dict.fromkeys("Ꭻꓙ", "j"),
+        **dict.fromkeys("Ꮶꓗ", "k"),
+        **dict.fromkeys("Ꮇꓟ", "m"),
+        **dict.fromkeys("ꓠ", "n"),
+        **dict.fromkeys("ꓳ", "o"),
+        **dict.fromkeys("Ꮲꓑ", "p"),
+        **dict.fromkeys("ꓣ", "r"),
+        **dict.fromkeys("Ꮪꓢ", "s"),
+        **dict.fromkeys("Ꭲꓔ", "t"),
+        **dict.fromkeys("ꓴ", "u"),
+        **dict.fromkeys("Ꮩꓦ", "v"),
+        **dict.fromkeys("Ꮃꓪ", "w"),
+        **dict.fromkeys("ꓫ", "x"),
+        **dict.fromkeys("ꓬ", "y"),
+        **dict.fromkeys("Ꮓꓜ", "z"),
     }
 )
+# Letter pairs that read as one letter in most fonts ("rn" for "m").
+PAIRS = (("rn", "m"), ("vv", "w"))
 
 NOT_ALNUM = re.compile("[^a-z0-9]")
 
@@ -132,11 +188,15 @@ def name_key(text: str) -> str:
     ("Microsoft  Corporation KEK-CA 2011" and "Міcrоsoft Corporation KEK CA 2011" with
     Cyrillic letters are both "mlcrosoftcorporatlonkekca2ol1")."""
     if text.isascii():  # the common case, without a Python loop over every character
-        return NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
-    decomposed = unicodedata.normalize("NFKD", text)
-    # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
-    bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
-    return "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
+        key = NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
+    else:
+        decomposed = unicodedata.normalize("NFKD", text)
+        # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
+        bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+        key = "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
+    for pair, letter in PAIRS:
+        key = key.replace(pair, letter)
+    return key
 
 
 def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> frozenset:
