@@ -1450,6 +1450,44 @@ def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "shape,label",
+    [
+        ("crlf", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("lf", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("lower", "BEGIN x509 certificate"),
+        ("late", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("nul", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("bare", "base64 text without a PEM header"),
+        ("bare-crlf", "base64 text without a PEM header"),
+    ],
+)
+def test_pk_as_text_in_every_shape_names_its_owner(tmp_path, capsys, shape, label):
+    """PEM with CRLF or LF lines, a lower-case label, 'openssl x509 -text' output before
+    it, NUL padding after it, or base64 without any header: a pem-entry finding, the owner
+    named, the PK not usable."""
+    der = odd_cert("Vendor PK", country="DE", serial=9)
+    crlf = pem_text(der)
+    lf = crlf.replace(b"\r\n", b"\n")
+    blob = {
+        "crlf": crlf,
+        "lf": lf,
+        "lower": lf.replace(b"NEW CERTIFICATE REQUEST", b"x509 certificate"),
+        "late": b"Certificate:\n" + b"    Data: ...\n" * 30 + lf,
+        "nul": lf + b"\0" * 7,
+        "bare": base64.encodebytes(der),
+        "bare-crlf": base64.encodebytes(der).replace(b"\n", b"\r\n") + b"\0\0",
+    }[shape]
+    pk = esl(efi.CERT_X509, [blob], owner=efi.GLOBAL_GUID)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(PK=pk))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    found = {(f["code"], f["subject"]): f for f in report["findings"]}
+    assert rc == 1 and report["pk_owner"] == "Vendor PK"
+    assert label in found[("pem-entry", "PK")]["message"]
+    assert ("pk-unusable", "PK") in found and ("unreadable", "PK") not in found
+
+
+@pytest.mark.parametrize(
     "name,data,message",
     [
         ("KEK", b"\x27garbage", "KEK: signature list 1 at byte 0: truncated header"),

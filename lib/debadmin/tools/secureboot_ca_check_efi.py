@@ -135,7 +135,7 @@ class Problem:
 # Zero padding after a DER certificate (some firmware pads up to SignatureSize) and the
 # X.509 library's warnings were accepted by the strict parser from the start.
 STRICT_IGNORES = ("certificate-padding", "x509-warning")
-PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
+PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Za-z0-9 ]+)-----")
 
 
 def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
@@ -273,10 +273,11 @@ def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, 
             )
             return
         cert, caught, label = pem
+        text = f"PEM text ('BEGIN {label}')" if label else "base64 text without a PEM header"
         yield Problem(
             "pem-entry",
             "warning",
-            f"{where} is PEM text ('BEGIN {label}'), not a DER certificate: firmware cannot "
+            f"{where} is {text}, not a DER certificate: firmware cannot "
             f"use '{short_name(cert)}' from it",
         )
         yield Entry("x509", owner, payload, cert, usable=False)
@@ -317,18 +318,21 @@ def short_name(cert: x509.Certificate) -> str:
 
 def pem_certificate(payload: bytes):
     """(certificate, warnings, header label) when payload is PEM text around a DER
-    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)."""
-    match = PEM_BEGIN.search(payload[:256])
-    if not match:
-        return None
-    end = payload.find(b"-----END", match.end())
-    body = payload[match.end() : end if end >= 0 else len(payload)]
+    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)
+    and wherever it starts (after 'openssl x509 -text' output), with LF or CRLF lines;
+    the label is None for base64 text without a header."""
+    match = PEM_BEGIN.search(payload)
+    if match:
+        end = payload.find(b"-----END", match.end())
+        body = payload[match.end() : end if end >= 0 else len(payload)]
+    else:
+        body = payload.rstrip(b"\0\xff")
     try:
         der = base64.b64decode(b"".join(body.split()), validate=True)
         cert, caught = load_certificate_recording(der[: der_length(der)])
     except Exception:  # binascii.Error, ValueError and friends
         return None
-    return cert, caught, match.group(1).decode("ascii")
+    return cert, caught, match.group(1).decode("ascii") if match else None
 
 
 def load_certificate_recording(der: bytes) -> Tuple[x509.Certificate, List[str]]:
