@@ -1925,3 +1925,66 @@ def test_odd_secure_boot_enable_is_read_as_edk2_reads_it(
     )
     rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     assert rc == 1 and err == ""
+
+
+def test_next_steps_come_from_findings_alone():
+    """No report, no variables: the advice is made from findings (issue 17 item 4)."""
+    from debadmin.findings import finding
+    from debadmin.tools import secureboot_ca_check_rules as rules
+
+    found = [
+        finding("kek-2023-missing", "action", "KEK lacks it", "KEK"),
+        finding("db-uefi-ca-2023-missing", "action", "db lacks it", "db"),
+        finding("fwupd-too-old", "info", "old", "fwupd", version="1.8.12-2", minimum="2.0.20"),
+        finding("db-update-signable", "info", "KEK CA 2011 signs it", "KEK"),
+        finding("shim-not-accepted", "action", "refused", "/x/shim.efi", revoked_by="Old CA"),
+    ]
+    steps = rules.next_steps(found, "varstore")
+    assert steps[0].startswith("For this virtual machine:")
+    assert "Upgrade fwupd (1.8.12-2) to 2.0.20 or later: apt install fwupd" in steps
+    assert any("signed with KEK CA 2011, which this machine has" in s for s in steps)
+    assert any(s.startswith("Do not reboot into /x/shim.efi: dbx revokes Old CA") for s in steps)
+    plain = rules.next_steps(
+        found[:2] + [finding("fwupd-missing", "info", "-", "fwupd", minimum="2.0.20")], "efivars"
+    )
+    assert "Install fwupd 2.0.20 or later: apt install fwupd" in plain
+    assert not any("KEK CA 2011" in s or "virtual machine" in s for s in plain)
+    assert rules.next_steps([], "efivars") == []
+
+
+def test_update_means_are_findings_only_when_an_update_is_due(tmp_path):
+    report = sbc.build_report(
+        "efivars",
+        "x",
+        {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in ms_variables().items()
+        },
+        [],
+        tmp_path,
+        NOW,
+    )
+    codes = {f["code"] for f in report["findings"]}
+    assert {"fwupd-missing", "db-update-signable"} <= codes
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    fake_kek_2023, _ = make_cert("Stand-in KEK 2023")
+    known = {
+        **sbc.KNOWN_CAS,
+        efi.fingerprint(fake_kek_2023): ("kek_2k_ca_2023", "Stand-in", "KEK"),
+    }
+    variables = ms_variables(KEK=kek + cert_esl(fake_kek_2023), db=db)
+    report = sbc.build_report(
+        "efivars",
+        "x",
+        {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in variables.items()
+        },
+        [],
+        tmp_path,
+        NOW,
+        known,
+    )
+    assert report["verdict"] == "ok"
+    assert not {"fwupd-missing", "db-update-signable"} & {f["code"] for f in report["findings"]}
