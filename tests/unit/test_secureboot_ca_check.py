@@ -1527,6 +1527,20 @@ def test_db_of_undecodable_entries_beside_a_readable_kek_is_a_report(tmp_path, c
     assert "KEK and db hold no certificate that can be read; KEK: signature list 1" in err
 
 
+def test_error_naming_a_pem_certificate_stays_one_line(tmp_path, capsys):
+    """KEK of PEM text only, db undecodable: the error names the PEM certificate, whose
+    name must not forge lines or colours on stderr."""
+    cert, _ = make_cert("Evil\nVerdict: ok\x1b[31m")
+    pem = pem_text(cert.public_bytes(serialization.Encoding.DER))
+    variables = ms_variables(
+        KEK=esl(efi.CERT_X509, [pem]), db=esl(efi.CERT_X509, [b"\x30\x03abc"])
+    )
+    efivars = write_efivars(tmp_path / "efivars", variables)
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "\x1b" not in err
+    assert "'Evil\\nVerdict: ok\\x1b[31m' from it" in err
+
+
 @pytest.mark.parametrize("tail", [b"\0" * 10, b"\xff" * 3, b"junk"])
 def test_list_size_beyond_whole_signatures_is_read_as_edk2_does(tmp_path, capsys, tail):
     """edk2 reads (SignatureListSize - 28) / SignatureSize entries: padding inside a list

@@ -310,12 +310,15 @@ def check_readable(databases: Dict[str, Optional[dict]], source: str) -> None:
     }
     for name, database in databases.items():
         if failures.get(name) and database["_read_nothing"]:
-            raise Error(f"{source}: {name}: {failures[name][0]['message']}")
+            raise Error(printable(f"{source}: {name}: {failures[name][0]['message']}"))
     if any(failures.values()) and not any(databases[name]["certificates"] for name in failures):
         name = next(name for name in failures if failures[name])
+        # The message may name a certificate (PEM text): no forged lines on stderr.
         raise Error(
-            f"{source}: KEK and db hold no certificate that can be read; "
-            f"{name}: {failures[name][0]['message']}"
+            printable(
+                f"{source}: KEK and db hold no certificate that can be read; "
+                f"{name}: {failures[name][0]['message']}"
+            )
         )
 
 
