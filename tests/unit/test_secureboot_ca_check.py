@@ -2002,3 +2002,27 @@ def test_update_means_are_findings_only_when_an_update_is_due(tmp_path):
     )
     assert report["verdict"] == "ok"
     assert not {"fwupd-missing", "db-update-signable"} & {f["code"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize("cn", ["L" * 70, ""])
+def test_names_only_newer_cryptography_warns_about(tmp_path, capsys, cn):
+    """cryptography 43 (trixie) warns about a common name longer than 64 characters or
+    empty, 38 (bookworm) does not: an x509-warning finding where the library warns,
+    nothing on stderr on either, the same verdict."""
+    import cryptography
+
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + esl(
+        efi.CERT_X509, [odd_cert(cn, country="DE", serial=5)]
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+        assert rc == 1 and err == ""
+        rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    warned = [f for f in report["findings"] if f["code"] == "x509-warning"]
+    newer = int(cryptography.__version__.split(".")[0]) >= 42
+    assert bool(warned) is newer and rc == 1
+    assert all("Attribute's length must be >= 1 and <= 64" in f["message"] for f in warned)
+    assert report["variables"]["db"]["certificates"][-1]["subject_cn"] == cn
