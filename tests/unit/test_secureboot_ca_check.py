@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import random
+import re
 import struct
 import uuid
 import warnings
@@ -1452,10 +1453,52 @@ def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "shape,label",
+    [
+        ("crlf", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("lf", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("lower", "BEGIN x509 certificate"),
+        ("late", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("nul", "BEGIN NEW CERTIFICATE REQUEST"),
+        ("bare", "base64 text without a PEM header"),
+        ("bare-crlf", "base64 text without a PEM header"),
+    ],
+)
+def test_pk_as_text_in_every_shape_names_its_owner(tmp_path, capsys, shape, label):
+    """PEM with CRLF or LF lines, a lower-case label, 'openssl x509 -text' output before
+    it, NUL padding after it, or base64 without any header: a pem-entry finding, the owner
+    named, the PK not usable."""
+    der = odd_cert("Vendor PK", country="DE", serial=9)
+    crlf = pem_text(der)
+    lf = crlf.replace(b"\r\n", b"\n")
+    blob = {
+        "crlf": crlf,
+        "lf": lf,
+        "lower": lf.replace(b"NEW CERTIFICATE REQUEST", b"x509 certificate"),
+        "late": b"Certificate:\n" + b"    Data: ...\n" * 30 + lf,
+        "nul": lf + b"\0" * 7,
+        "bare": base64.encodebytes(der),
+        "bare-crlf": base64.encodebytes(der).replace(b"\n", b"\r\n") + b"\0\0",
+    }[shape]
+    pk = esl(efi.CERT_X509, [blob], owner=efi.GLOBAL_GUID)
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(PK=pk))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    found = {(f["code"], f["subject"]): f for f in report["findings"]}
+    assert rc == 1 and report["pk_owner"] == "Vendor PK"
+    assert label in found[("pem-entry", "PK")]["message"]
+    assert ("pk-unusable", "PK") in found and ("unreadable", "PK") not in found
+
+
+@pytest.mark.parametrize(
     "name,data,message",
     [
         ("KEK", b"\x27garbage", "KEK: signature list 1 at byte 0: truncated header"),
-        ("db", esl(efi.CERT_X509, [b"\x30\x03abc"]), "db: signature list 1 at byte 0: entry 1"),
+        (
+            "db",
+            esl(efi.CERT_X509, [b"\x30\x03abc"])[:24] + struct.pack("<I", 100) + b"x" * 60,
+            "db: signature list 1 at byte 0: list size 49 is not a whole number of 100-byte",
+        ),
         (
             "db",
             guid("01234567-89ab-cdef-0123-456789abcdef")
@@ -1469,6 +1512,55 @@ def test_kek_or_db_unreadable_at_all_is_an_error(tmp_path, capsys, name, data, m
     efivars = write_efivars(tmp_path / "efivars", ms_variables(**{name: data}))
     rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     assert rc == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_db_of_undecodable_entries_beside_a_readable_kek_is_a_report(tmp_path, capsys):
+    """A sound list whose every entry cannot be decoded has been read: none of its entries
+    is one of Microsoft's CAs (they decode, and are known by fingerprint).  Only when KEK
+    and db together yield no certificate is there nothing to judge."""
+    garbage = esl(efi.CERT_X509, [b"\x30\x03abc"]) + esl(efi.CERT_X509, [b"\x30\x82" + b"z" * 90])
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=garbage))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    found = {(f["code"], f["subject"]): f for f in doc["reports"][0]["findings"]}
+    assert rc == 1 and found[("db-uefi-ca-2023-missing", "db")]["severity"] == "action"
+    assert "list 2 at byte 49: entry 1 is not a DER" in found[("unreadable", "db")]["message"]
+    efivars = write_efivars(tmp_path / "both", ms_variables(db=garbage, KEK=garbage))
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "KEK and db hold no certificate that can be read; KEK: signature list 1" in err
+
+
+def test_error_naming_a_pem_certificate_stays_one_line(tmp_path, capsys):
+    """KEK of PEM text only, db undecodable: the error names the PEM certificate, whose
+    name must not forge lines or colours on stderr."""
+    cert, _ = make_cert("Evil\nVerdict: ok\x1b[31m")
+    pem = pem_text(cert.public_bytes(serialization.Encoding.DER))
+    variables = ms_variables(
+        KEK=esl(efi.CERT_X509, [pem]), db=esl(efi.CERT_X509, [b"\x30\x03abc"])
+    )
+    efivars = write_efivars(tmp_path / "efivars", variables)
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "\x1b" not in err
+    assert "'Evil\\nVerdict: ok\\x1b[31m' from it" in err
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 10, b"\xff" * 3, b"junk"])
+def test_list_size_beyond_whole_signatures_is_read_as_edk2_does(tmp_path, capsys, tail):
+    """edk2 reads (SignatureListSize - 28) / SignatureSize entries: padding inside a list
+    after its last signature (or a SignatureSize that lies) loses no certificate."""
+    one = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    padded = one[:16] + struct.pack("<I", len(one) + len(tail)) + one[20:] + tail
+    entries, problems = efi.read_signature_lists(padded)
+    assert [sbc.KNOWN_CAS[efi.fingerprint(e.cert)][0] for e in entries] == ["uefi_ca_2023"]
+    code = "trailing-data" if tail == b"junk" else "padding"
+    assert [(p.code, p.severity) for p in problems] == [(code, "info")]
+    assert f"{len(tail)} bytes of" in problems[0].message
+    with pytest.raises(Error, match="is not a whole number of"):
+        efi.parse_signature_lists(padded, "db")
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + padded
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert doc["reports"][0]["microsoft_cas"]["uefi_ca_2023"]["in_db"] is True
 
 
 def test_unreadable_pk_and_dbx_are_findings(tmp_path, capsys):
@@ -1587,6 +1679,17 @@ def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdi
         "M\u0456crosoft Option ROM UEFI CA 2023",  # Ukrainian i
         "Micr\u00f6soft UEFI CA 2O23",  # an accent, a letter O for the zero
         "Windows UEFI CA 2\u200b023",  # a zero-width space
+        "\uff2d\uff49\uff43\uff52\uff4f\uff53\uff4f\uff46\uff54 UEFI CA 2023",  # fullwidth
+        "Micr\u03bfsoft UEFI CA 2023",  # Greek omicron
+        "Micro\u200dsoft UEFI CA 2023 ",  # a zero-width joiner, a trailing space
+        "Microsoft\u00a0Option ROM UEFI CA 2023\u00ad",  # no-break space, soft hyphen
+        "Micr\u0585soft UEFI CA 2023",  # Armenian oh
+        "\u13b7icrosoft UEFI CA 2023",  # Cherokee M
+        "\ua4dficrosoft UEFI CA 2023",  # Lisu M
+        "\u1d0dicrosoft Corporation KEK 2K CA 2023",  # Latin small capital M
+        "Microsoft UEFI C\u0251 2023",  # Latin alpha
+        "rnicrosoft UEFI CA 2023",  # r n for m
+        "\U0001d40cicrosoft UEFI CA 2023",  # mathematical bold M
     ],
 )
 def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
@@ -1601,7 +1704,19 @@ def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
 
 @pytest.mark.parametrize(
     "cn",
-    ["\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK", "Microsoft UEFI CA 2024"],
+    [
+        "\u041a\u043e\u0440\u043f\u043e\u0440\u0430\u0446\u0438\u044f PK",
+        "Microsoft UEFI CA 2024",
+        # Microsoft's own names that are not the seven CAs (their issuers, platform keys).
+        "Microsoft Corporation Third Party Marketplace Root",
+        "Microsoft RSA Devices Root CA 2021",
+        "Microsoft Root Certificate Authority 2010",
+        "Microsoft Hyper-V Firmware PK",
+        "Microsoft Windows PCA 2010",
+        "Microsoft Corporation KEK CA 2023",
+        "Microsoft Windows Production PCA 2023",
+        "Microsoft UEFI CA 2023 Test",
+    ],
 )
 def test_other_names_are_not_lookalikes(cn):
     cert, _ = make_cert(cn)
@@ -1736,3 +1851,181 @@ def test_fuzz_messy_variables_through_the_report(tmp_path):
                 continue
         json.dumps(report)
         assert report["verdict"] in ("ok", "action-needed", "not-applicable")
+
+
+# --- the man page's JSON section against a real run ----------------------------------------------
+
+MAN_PAGE = Path(__file__).resolve().parents[2] / "man" / "secureboot-ca-check.8"
+
+
+def man_json_words() -> set:
+    """Every bold word of the man page's 'JSON fields' section (keys, codes, values)."""
+    text = MAN_PAGE.read_text()
+    section = text[text.index(".SS JSON fields") : text.index(".SH EXIT STATUS")]
+    words = set()
+    for line in section.splitlines():
+        macro, _, rest = line.partition(" ")
+        rest = rest.replace("\\-", "-").replace("\\(dq", "'")
+        args = [a.replace('"', "") for a in re.findall(r'"[^"]*"|\S+', rest)]
+        bold = {".B": args, ".BR": args[0::2], ".RB": args[1::2], ".BI": args[0::2]}
+        for arg in bold.get(macro, []):
+            words.update(re.findall(r"[A-Za-z0-9_][A-Za-z0-9_-]*", arg))
+    return words
+
+
+def json_keys(value) -> set:
+    if isinstance(value, dict):
+        return set(value).union(*(json_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(json_keys(v) for v in value))
+    return set()
+
+
+def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
+    """Every key of real --json output (messy firmware, a shim, a look-alike, a test key,
+    no UEFI) and every finding code is documented; every documented snake_case key exists."""
+    ca, signer = owner_pki()
+    shim = tmp_path / "shim.efi"
+    shim.write_bytes(signed_pe(signer))
+    fake, _ = make_cert("Micr\u043esoft UEFI CA 2023", org="Microsoft Corporation")
+    snakeoil, _ = make_cert("Debian OVMF Secure Boot Enrollment Key snakeoil")
+    variables = supermicro_variables()
+    variables["db"] = cert_esl(fake, ca, snakeoil) + variables["db"]
+    variables["dbx"] = esl(SHA256_TYPE, [bytes.fromhex(efi.read_pe(shim).sha256)])
+    variables["KEKDefault"] = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    variables["dbDefault"] = (REAL / "ovmf-ms-db.esl").read_bytes()
+    efivars = write_efivars(tmp_path / "efivars", variables)
+    rc, doc = run_json(
+        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(shim)
+    )
+    assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"]
+    (tmp_path / "empty").mkdir()
+    rc, no_uefi = run_json(capsys, "--root", str(tmp_path / "empty"))
+    documented = man_json_words()
+    keys = json_keys(doc) | json_keys(no_uefi)
+    codes = {f["code"] for d in (doc, no_uefi) for f in d["findings"]}
+    assert {"pem-entry", "unreadable", "lookalike", "test-key", "shim-not-accepted"} <= codes
+    assert keys - documented == set()
+    assert codes - documented == set()
+    snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
+    values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
+    assert snake - keys - values == set()
+
+
+@pytest.mark.parametrize(
+    "value,attributes,status",
+    [
+        (b"\x01", 0x01, 1),  # NV only: still the switch edk2 reads
+        (b"\x00", 0x02, 3),
+        (b"\x00", 0x0B, 3),  # odd bits: not a reason to refuse the whole check
+        (b"\x01\x00", 0x03, 1),  # edk2 reads the first byte
+        (b"\x00\x01", 0x03, 3),
+        (b"\x02", 0x03, 3),  # only 1 enables
+        (b"", 0x03, 3),
+    ],
+)
+def test_odd_secure_boot_enable_is_read_as_edk2_reads_it(
+    tmp_path, capsys, value, attributes, status
+):
+    order = [(n, (REAL / f"ovmf-ms-{n}.esl").read_bytes()) for n in ("db", "dbx", "KEK", "PK")]
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_varstore(order + [("SecureBootEnable", value, 0x3F, attributes)]))
+    rc, doc = run_json(capsys, "--varstore", str(path))
+    assert rc == status
+    disabled = [f for f in doc["reports"][0]["findings"] if f["code"] == "secure-boot-disabled"]
+    assert bool(disabled) is (status == 3)
+    if value == b"":
+        assert disabled[0]["message"].startswith("SecureBootEnable is empty:")
+    # Not read from efivarfs (it has no runtime access), so never a reason for an error.
+    efivars = write_efivars(
+        tmp_path / "efivars", ms_variables(SecureBootEnable=value), {"SecureBootEnable": 0x01}
+    )
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    assert rc == 1 and err == ""
+
+
+def test_next_steps_come_from_findings_alone():
+    """No report, no variables: the advice is made from findings (issue 17 item 4)."""
+    from debadmin.findings import finding
+    from debadmin.tools import secureboot_ca_check_rules as rules
+
+    found = [
+        finding("kek-2023-missing", "action", "KEK lacks it", "KEK"),
+        finding("db-uefi-ca-2023-missing", "action", "db lacks it", "db"),
+        finding("fwupd-too-old", "info", "old", "fwupd", version="1.8.12-2", minimum="2.0.20"),
+        finding("db-update-signable", "info", "KEK CA 2011 signs it", "KEK"),
+        finding("shim-not-accepted", "action", "refused", "/x/shim.efi", revoked_by="Old CA"),
+    ]
+    steps = rules.next_steps(found, "varstore")
+    assert steps[0].startswith("For this virtual machine:")
+    assert "Upgrade fwupd (1.8.12-2) to 2.0.20 or later: apt install fwupd" in steps
+    assert any("signed with KEK CA 2011, which this machine has" in s for s in steps)
+    assert any(s.startswith("Do not reboot into /x/shim.efi: dbx revokes Old CA") for s in steps)
+    plain = rules.next_steps(
+        found[:2] + [finding("fwupd-missing", "info", "-", "fwupd", minimum="2.0.20")], "efivars"
+    )
+    assert "Install fwupd 2.0.20 or later: apt install fwupd" in plain
+    assert not any("KEK CA 2011" in s or "virtual machine" in s for s in plain)
+    assert rules.next_steps([], "efivars") == []
+
+
+def test_update_means_are_findings_only_when_an_update_is_due(tmp_path):
+    report = sbc.build_report(
+        "efivars",
+        "x",
+        {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in ms_variables().items()
+        },
+        [],
+        tmp_path,
+        NOW,
+    )
+    codes = {f["code"] for f in report["findings"]}
+    assert {"fwupd-missing", "db-update-signable"} <= codes
+    kek = (REAL / "ovmf-ms-KEK.esl").read_bytes()
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
+    fake_kek_2023, _ = make_cert("Stand-in KEK 2023")
+    known = {
+        **sbc.KNOWN_CAS,
+        efi.fingerprint(fake_kek_2023): ("kek_2k_ca_2023", "Stand-in", "KEK"),
+    }
+    variables = ms_variables(KEK=kek + cert_esl(fake_kek_2023), db=db)
+    report = sbc.build_report(
+        "efivars",
+        "x",
+        {
+            n: efi.Variable(n, efi.VARIABLES[n], 0x27 if n in efi.AUTHENTICATED else 0x06, d)
+            for n, d in variables.items()
+        },
+        [],
+        tmp_path,
+        NOW,
+        known,
+    )
+    assert report["verdict"] == "ok"
+    assert not {"fwupd-missing", "db-update-signable"} & {f["code"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize("cn", ["L" * 70, ""])
+def test_names_only_newer_cryptography_warns_about(tmp_path, capsys, cn):
+    """cryptography 43 (trixie) warns about a common name longer than 64 characters or
+    empty, 38 (bookworm) does not: an x509-warning finding where the library warns,
+    nothing on stderr on either, the same verdict."""
+    import cryptography
+
+    db = (REAL / "ovmf-ms-db.esl").read_bytes() + esl(
+        efi.CERT_X509, [odd_cert(cn, country="DE", serial=5)]
+    )
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = run(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+        assert rc == 1 and err == ""
+        rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    report = doc["reports"][0]
+    warned = [f for f in report["findings"] if f["code"] == "x509-warning"]
+    newer = int(cryptography.__version__.split(".")[0]) >= 42
+    assert bool(warned) is newer and rc == 1
+    assert all("Attribute's length must be >= 1 and <= 64" in f["message"] for f in warned)
+    assert report["variables"]["db"]["certificates"][-1]["subject_cn"] == cn

@@ -11,7 +11,7 @@ import time
 import unicodedata
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import apt_pkg
 from cryptography import x509
@@ -121,8 +121,64 @@ HOMOGLYPHS = str.maketrans(
         **dict.fromkeys("Μ", "m"),
         **dict.fromkeys("Ν", "n"),
         "i": "l",  # i, l, 1 and I are told apart by nobody reading a certificate name
+        # Latin small capitals and IPA letters (after casefold, which leaves them).
+        **dict.fromkeys("ᴀɑ", "a"),
+        **dict.fromkeys("ʙ", "b"),
+        **dict.fromkeys("ᴄ", "c"),
+        **dict.fromkeys("ᴅ", "d"),
+        **dict.fromkeys("ᴇ", "e"),
+        **dict.fromkeys("ꜰ", "f"),
+        **dict.fromkeys("ɢɡ", "g"),
+        **dict.fromkeys("ʜ", "h"),
+        **dict.fromkeys("ɪɩʟ", "l"),
+        **dict.fromkeys("ᴊ", "j"),
+        **dict.fromkeys("ᴋ", "k"),
+        **dict.fromkeys("ᴍ", "m"),
+        **dict.fromkeys("ɴ", "n"),
+        **dict.fromkeys("ᴏ", "o"),
+        **dict.fromkeys("ᴘ", "p"),
+        **dict.fromkeys("ʀ", "r"),
+        **dict.fromkeys("ꜱ", "s"),
+        **dict.fromkeys("ᴛ", "t"),
+        **dict.fromkeys("ᴜ", "u"),
+        **dict.fromkeys("ᴠ", "v"),
+        **dict.fromkeys("ᴡ", "w"),
+        **dict.fromkeys("ʏ", "y"),
+        **dict.fromkeys("ᴢ", "z"),
+        # Armenian, and Cherokee and Lisu capitals (casefold keeps Cherokee capitals).
+        **dict.fromkeys("օՕ", "o"),
+        **dict.fromkeys("ո", "n"),
+        **dict.fromkeys("սՍ", "u"),
+        **dict.fromkeys("հ", "h"),
+        **dict.fromkeys("ցԳ", "g"),
+        **dict.fromkeys("Ꭺꓮ", "a"),
+        **dict.fromkeys("Ᏼꓐ", "b"),
+        **dict.fromkeys("Ꮯꓚ", "c"),
+        **dict.fromkeys("Ꭰꓓ", "d"),
+        **dict.fromkeys("Ꭼꓰ", "e"),
+        **dict.fromkeys("ꓝ", "f"),
+        **dict.fromkeys("Ꮐꓖ", "g"),
+        **dict.fromkeys("Ꮋꓧ", "h"),
+        **dict.fromkeys("Ꮮꓲꓡ", "l"),
+        **dict.fromkeys("Ꭻꓙ", "j"),
+        **dict.fromkeys("Ꮶꓗ", "k"),
+        **dict.fromkeys("Ꮇꓟ", "m"),
+        **dict.fromkeys("ꓠ", "n"),
+        **dict.fromkeys("ꓳ", "o"),
+        **dict.fromkeys("Ꮲꓑ", "p"),
+        **dict.fromkeys("ꓣ", "r"),
+        **dict.fromkeys("Ꮪꓢ", "s"),
+        **dict.fromkeys("Ꭲꓔ", "t"),
+        **dict.fromkeys("ꓴ", "u"),
+        **dict.fromkeys("Ꮩꓦ", "v"),
+        **dict.fromkeys("Ꮃꓪ", "w"),
+        **dict.fromkeys("ꓫ", "x"),
+        **dict.fromkeys("ꓬ", "y"),
+        **dict.fromkeys("Ꮓꓜ", "z"),
     }
 )
+# Letter pairs that read as one letter in most fonts ("rn" for "m").
+PAIRS = (("rn", "m"), ("vv", "w"))
 
 NOT_ALNUM = re.compile("[^a-z0-9]")
 
@@ -133,11 +189,15 @@ def name_key(text: str) -> str:
     ("Microsoft  Corporation KEK-CA 2011" and "Міcrоsoft Corporation KEK CA 2011" with
     Cyrillic letters are both "mlcrosoftcorporatlonkekca2ol1")."""
     if text.isascii():  # the common case, without a Python loop over every character
-        return NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
-    decomposed = unicodedata.normalize("NFKD", text)
-    # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
-    bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
-    return "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
+        key = NOT_ALNUM.sub("", text.lower().translate(HOMOGLYPHS))
+    else:
+        decomposed = unicodedata.normalize("NFKD", text)
+        # Accents go (NFKD splits them off), then case: capital I folds to i, then to l.
+        bare = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+        key = "".join(ch for ch in bare.translate(HOMOGLYPHS) if ch.isalnum())
+    for pair, letter in PAIRS:
+        key = key.replace(pair, letter)
+    return key
 
 
 def lookalike_names(known: Dict[str, Tuple[str, str, str]]) -> frozenset:
@@ -227,23 +287,40 @@ def describe_database(
         "_problems": [
             {"code": p.code, "severity": p.severity, "message": p.message} for p in problems
         ],
-        "_read_nothing": bool(variable.data) and not entries,
+        # Nothing walked: no list of it had a sound header.
+        "_read_nothing": bool(variable.data)
+        and not entries
+        and all(p.structural or p.severity == "info" for p in problems),
     }
 
 
 def check_readable(databases: Dict[str, Optional[dict]], source: str) -> None:
     """Refuse a source whose KEK or db cannot be read at all: no verdict is possible.
 
-    Anything less (one bad entry, PEM text, padding, an unreadable PK or dbx) is a finding
-    and the verdict comes from the rest.
+    "At all": the signature-list structure of KEK or db is broken before a single list
+    (nothing is known of what it holds), or KEK and db together yield no certificate while
+    entries of them could not be decoded.  Anything less (one bad entry, every entry of KEK
+    undecodable beside a readable db, PEM text, padding, an unreadable PK or dbx) is a
+    finding and the verdict comes from the rest: Microsoft's CAs are recognised by their
+    fingerprints, and an entry that cannot be decoded is none of them.
     """
-    for name in ("KEK", "db"):
-        database = databases[name]
-        if database is None or not database["_read_nothing"]:
-            continue
-        failures = [p for p in database["_problems"] if p["severity"] != "info"]
-        if failures:
-            raise Error(f"{source}: {name}: {failures[0]['message']}")
+    failures = {
+        name: [p for p in database["_problems"] if p["severity"] != "info"]
+        for name, database in databases.items()
+        if name in ("KEK", "db") and database is not None
+    }
+    for name, database in databases.items():
+        if failures.get(name) and database["_read_nothing"]:
+            raise Error(printable(f"{source}: {name}: {failures[name][0]['message']}"))
+    if any(failures.values()) and not any(databases[name]["certificates"] for name in failures):
+        name = next(name for name in failures if failures[name])
+        # The message may name a certificate (PEM text): no forged lines on stderr.
+        raise Error(
+            printable(
+                f"{source}: KEK and db hold no certificate that can be read; "
+                f"{name}: {failures[name][0]['message']}"
+            )
+        )
 
 
 # --- shim ------------------------------------------------------------------------------------
@@ -466,8 +543,8 @@ def build_report(
 
 def firmware_state(
     kind: str, variables: Dict[str, efi.Variable], path: str
-) -> Tuple[Optional[bool], Optional[bool], Optional[int]]:
-    """(SecureBoot, SetupMode, SecureBootEnable's value or None) of a source.
+) -> Tuple[Optional[bool], Optional[bool], Union[int, str, None]]:
+    """(SecureBoot, SetupMode, SecureBootEnable's first byte, "empty" or None) of a source.
 
     An NVRAM file has no live SecureBoot variable: it is decided as edk2's AuthVariableLib
     decides at boot.  User mode when a PK variable exists (whether or not it holds a
@@ -483,7 +560,9 @@ def firmware_state(
     pk = variables.get("PK")
     user_mode = pk is not None and bool(pk.data)
     enable = variables.get("SecureBootEnable")
-    value = (enable.data[0] if enable.data else 0) if enable is not None else None
+    # edk2 reads the first byte, whatever the size; of an empty one the byte after it,
+    # which is never 1 in a store (0xff erased, 0xaa a header).
+    value = (enable.data[0] if enable.data else "empty") if enable is not None else None
     return user_mode and value in (None, 1), not user_mode, value
 
 

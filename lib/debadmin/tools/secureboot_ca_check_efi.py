@@ -127,12 +127,15 @@ class Problem:
     severity: str
     message: str
     strict: Optional[str] = None  # the strict parser's message, when it differs
+    # True when the lists' structure itself is broken (a header, a size), False for what
+    # is wrong inside a list whose entries could be walked.
+    structural: bool = False
 
 
 # Zero padding after a DER certificate (some firmware pads up to SignatureSize) and the
 # X.509 library's warnings were accepted by the strict parser from the start.
 STRICT_IGNORES = ("certificate-padding", "x509-warning")
-PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
+PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Za-z0-9 ]+)-----")
 
 
 def parse_signature_lists(data: bytes, what: str) -> List[Entry]:
@@ -180,6 +183,7 @@ def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
                 "info" if padding else "warning",
                 f"{where}: truncated header ({left} of 28 bytes)"
                 + (", padding" if padding else ", not read"),
+                structural=not padding,
             )
             return
         type_raw, list_size, header_size, sig_size = struct.unpack_from("<16sIII", data, offset)
@@ -192,12 +196,17 @@ def walk_signature_lists(data: bytes) -> Iterator[Union[Entry, Problem]]:
             else:
                 why = f"list size {list_size} is not a whole number of signatures"
             yield Problem(
-                "unreadable", "warning", f"{where}: {why}; the remaining {left} bytes are not read"
+                "unreadable",
+                "warning",
+                f"{where}: {why}; the remaining {left} bytes are not read",
+                structural=True,
             )
             return
         problem = list_header_problem(guid_str(type_raw), list_size, header_size, sig_size)
         if problem:
-            yield Problem("unreadable", "warning", f"{where}: {problem}; list skipped")
+            yield Problem(
+                "unreadable", "warning", f"{where}: {problem}; list skipped", structural=True
+            )
         else:
             yield from list_entries(data, offset, list_size, sig_size, guid_str(type_raw), where)
         offset += list_size
@@ -212,8 +221,7 @@ def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_siz
         return f"header size {header_size} (must be 0 for {kind})"
     if sig_size <= 16 or (fixed is not None and sig_size != fixed):
         return f"signature size {sig_size} is wrong for {kind}"
-    body = list_size - 28
-    if body <= 0 or body % sig_size:
+    if list_size - 28 < sig_size:
         return f"list size {list_size} is not a whole number of {sig_size}-byte signatures"
     return None
 
@@ -221,9 +229,13 @@ def list_header_problem(sig_type: str, list_size: int, header_size: int, sig_siz
 def list_entries(
     data: bytes, offset: int, list_size: int, sig_size: int, sig_type: str, where: str
 ) -> Iterator[Union[Entry, Problem]]:
+    """The entries of one list.  Like edk2 (CertCount = body / SignatureSize), the whole
+    signatures are read when the list's size is not a multiple of SignatureSize (padding
+    after the last one, or a SignatureSize that lies), and the rest is a finding."""
     kind = SIGNATURE_TYPES[sig_type][0]
     start = offset + 28
-    for index in range((list_size - 28) // sig_size):
+    count, left = divmod(list_size - 28, sig_size)
+    for index in range(count):
         at = start + index * sig_size
         owner = guid_str(data[at : at + 16])
         payload = bytes(data[at + 16 : at + sig_size])
@@ -231,6 +243,17 @@ def list_entries(
             yield Entry(kind, owner, payload)
             continue
         yield from x509_entry(payload, owner, f"{where}: entry {index + 1}")
+    if left:
+        tail = data[offset + list_size - left : offset + list_size]
+        zeros = not tail.strip(b"\0") or not tail.strip(b"\xff")
+        yield Problem(
+            "padding" if zeros else "trailing-data",
+            "info",
+            f"{where}: {left} bytes of {'padding' if zeros else 'other data'} after its "
+            f"last whole {sig_size}-byte signature, not read",
+            f"{where}: list size {list_size} is not a whole number of {sig_size}-byte "
+            "signatures",
+        )
 
 
 def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, Problem]]:
@@ -250,10 +273,11 @@ def x509_entry(payload: bytes, owner: str, where: str) -> Iterator[Union[Entry, 
             )
             return
         cert, caught, label = pem
+        text = f"PEM text ('BEGIN {label}')" if label else "base64 text without a PEM header"
         yield Problem(
             "pem-entry",
             "warning",
-            f"{where} is PEM text ('BEGIN {label}'), not a DER certificate: firmware cannot "
+            f"{where} is {text}, not a DER certificate: firmware cannot "
             f"use '{short_name(cert)}' from it",
         )
         yield Entry("x509", owner, payload, cert, usable=False)
@@ -294,18 +318,21 @@ def short_name(cert: x509.Certificate) -> str:
 
 def pem_certificate(payload: bytes):
     """(certificate, warnings, header label) when payload is PEM text around a DER
-    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)."""
-    match = PEM_BEGIN.search(payload[:256])
-    if not match:
-        return None
-    end = payload.find(b"-----END", match.end())
-    body = payload[match.end() : end if end >= 0 else len(payload)]
+    certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)
+    and wherever it starts (after 'openssl x509 -text' output), with LF or CRLF lines;
+    the label is None for base64 text without a header."""
+    match = PEM_BEGIN.search(payload)
+    if match:
+        end = payload.find(b"-----END", match.end())
+        body = payload[match.end() : end if end >= 0 else len(payload)]
+    else:
+        body = payload.rstrip(b"\0\xff")
     try:
         der = base64.b64decode(b"".join(body.split()), validate=True)
         cert, caught = load_certificate_recording(der[: der_length(der)])
     except Exception:  # binascii.Error, ValueError and friends
         return None
-    return cert, caught, match.group(1).decode("ascii")
+    return cert, caught, match.group(1).decode("ascii") if match else None
 
 
 def load_certificate_recording(der: bytes) -> Tuple[x509.Certificate, List[str]]:
@@ -350,7 +377,14 @@ class Variable:
 
 
 def check_attributes(name: str, attributes: int, source: str) -> None:
-    """Refuse attribute words no firmware sets on these variables."""
+    """Refuse attribute words no firmware sets on these variables.
+
+    SecureBootEnable is exempt: edk2 reads its first byte whatever its attributes (it is
+    NV+BS, not visible in efivarfs), and refusing the whole check over a switch the
+    report only reads would leave the machine without a verdict.
+    """
+    if name == "SecureBootEnable":
+        return
     if attributes & ~0xFF:
         raise Error(f"{source}: {name}: undefined attribute bits in 0x{attributes:08x}")
     if attributes & (ATTR_HW_ERROR | ATTR_AUTH_WRITE):

@@ -2,7 +2,8 @@
 
 Each rule reads the report build_report() gathered (variables, Microsoft CAs, shims,
 fwupd) and returns findings in the shared shape (debadmin.findings); next_steps() then
-reads the findings, never the variables again.
+reads the findings (and the kind of source), never the report: whatever the advice
+depends on, such as fwupd's version, is a finding first.
 """
 
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -42,6 +43,13 @@ class Facts:
 
     def name(self, ca_id: str) -> str:
         return next(name for (i, name, _home) in self.known.values() if i == ca_id)
+
+    @property
+    def lacks_2023(self) -> bool:
+        """KEK or db needs a 2023 update (what missing_2023() reports as action)."""
+        return self.managed and not (
+            self.has("kek_2k_ca_2023", "KEK") and self.has("uefi_ca_2023", "db")
+        )
 
 
 # --- rules: facts -> findings ------------------------------------------------------------------
@@ -133,6 +141,40 @@ def missing_2023(facts: Facts) -> Iterable[Finding]:
             "db lacks Microsoft UEFI CA 2023: shims and option ROMs signed only by it "
             "will not boot",
             "db",
+        )
+
+
+def update_means(facts: Facts) -> Iterable[Finding]:
+    """What the update steps depend on, when an update is due: fwupd, and whether KEK
+    holds the KEK CA 2011 that signs the db update."""
+    if not facts.lacks_2023:
+        return
+    fwupd = facts.report["fwupd"]
+    if not fwupd["installed"]:
+        yield finding(
+            "fwupd-missing",
+            "info",
+            f"fwupd is not installed (the 2023 updates need {fwupd['minimum']} or later)",
+            "fwupd",
+            minimum=fwupd["minimum"],
+        )
+    elif not fwupd["recent_enough"]:
+        yield finding(
+            "fwupd-too-old",
+            "info",
+            f"fwupd {fwupd['version']} is older than {fwupd['minimum']}, the first with "
+            "the 2023 updates",
+            "fwupd",
+            version=fwupd["version"],
+            minimum=fwupd["minimum"],
+        )
+    if not facts.has("uefi_ca_2023", "db") and facts.has("kek_ca_2011", "KEK"):
+        yield finding(
+            "db-update-signable",
+            "info",
+            "KEK holds Microsoft Corporation KEK CA 2011, which signs the db update "
+            "(Microsoft UEFI CA 2023)",
+            "KEK",
         )
 
 
@@ -263,6 +305,7 @@ RULES: Tuple[Callable[[Facts], Iterable[Finding]], ...] = (
     test_keys,
     setup_mode,
     missing_2023,
+    update_means,
     revoked_2023,
     optional_2023,
     expired,
@@ -274,7 +317,8 @@ RULES: Tuple[Callable[[Facts], Iterable[Finding]], ...] = (
 # --- next steps: findings -> advice ------------------------------------------------------------
 
 
-def next_steps(facts: Facts, findings: List[Finding]) -> List[str]:
+def next_steps(findings: List[Finding], source_kind: str) -> List[str]:
+    """The advice, from the findings alone (source_kind: efivars or varstore)."""
     codes = {f["code"] for f in findings}
     steps = [
         f"Find out who enrolled the look-alike '{f['name']}' in {f['subject']} and remove it "
@@ -283,7 +327,7 @@ def next_steps(facts: Facts, findings: List[Finding]) -> List[str]:
         if f["code"] == "lookalike" and f["severity"] == "action"
     ]
     if codes & {"kek-2023-missing", "db-uefi-ca-2023-missing"}:
-        steps += update_steps(facts, codes)
+        steps += update_steps(findings, source_kind)
     if "defaults-lack-2023" in codes:
         steps.append(
             "Do not use 'restore factory keys' in the firmware setup until a "
@@ -320,29 +364,31 @@ def shim_steps(findings: List[Finding]) -> List[str]:
     return steps
 
 
-def update_steps(facts: Facts, codes: set) -> List[str]:
+def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
     """How to get the missing 2023 certificates into KEK and db."""
     steps = []
-    fwupd = facts.report["fwupd"]
-    if facts.report["source"]["kind"] == "varstore":
+    codes = {f["code"] for f in findings}
+    fwupd = {f["code"]: f for f in findings if f["subject"] == "fwupd"}
+    if source_kind == "varstore":
         # Inside a VM fwupd cannot update KEK (no Microsoft-signed KEK payload exists
         # for OVMF's PK), and only sid's ovmf templates hold the 2023 CAs: the NVRAM
         # file is fixed offline instead.
-        path = facts.report["source"].get("path") or "FILE"
         steps.append(
             "For this virtual machine: shut it down, then run "
-            f"'secureboot-ca-check --varstore {path} --fix' (or --libvirt --fix for "
+            "'secureboot-ca-check --varstore FILE --fix' (or --libvirt --fix for "
             "every shut-off libvirt VM); it adds the missing 2023 CAs and keeps a backup "
             "of the NVRAM file beside it. Boot the VM and check again."
         )
         steps.append(PCR7_WARNING)
         return steps
-    if not fwupd["installed"]:
-        steps.append(f"Install fwupd {fwupd['minimum']} or later: apt install fwupd")
-    elif not fwupd["recent_enough"]:
+    if "fwupd-missing" in fwupd:
         steps.append(
-            f"Upgrade fwupd ({fwupd['version']}) to {fwupd['minimum']} or later: "
-            "apt install fwupd"
+            f"Install fwupd {fwupd['fwupd-missing']['minimum']} or later: apt install fwupd"
+        )
+    elif "fwupd-too-old" in fwupd:
+        old = fwupd["fwupd-too-old"]
+        steps.append(
+            f"Upgrade fwupd ({old['version']}) to {old['minimum']} or later: apt install fwupd"
         )
     steps.append(
         "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
@@ -361,7 +407,7 @@ def update_steps(facts: Facts, codes: set) -> List[str]:
             "if LVFS offers none for this machine, install the maker's firmware "
             "(BIOS) update; enrolling by hand (efitools) is the last resort."
         )
-    if "db-uefi-ca-2023-missing" in codes and facts.has("kek_ca_2011", "KEK"):
+    if "db-uefi-ca-2023-missing" in codes and "db-update-signable" in codes:
         steps.append(
             "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
             "which this machine has: it can be applied now."
@@ -379,7 +425,7 @@ def assess(report: dict, known: Known) -> None:
     findings = [f for rule in RULES for f in rule(facts)]
     report["microsoft_managed"] = facts.managed
     report["findings"] = findings
-    report["next_steps"] = next_steps(facts, findings)
+    report["next_steps"] = next_steps(findings, report["source"]["kind"])
     if not report["secure_boot_active"]:
         report["verdict"], report["exit_status"] = "not-applicable", EXIT_NOT_APPLICABLE
     elif needs_action(findings):
