@@ -2026,3 +2026,21 @@ def test_names_only_newer_cryptography_warns_about(tmp_path, capsys, cn):
     assert bool(warned) is newer and rc == 1
     assert all("Attribute's length must be >= 1 and <= 64" in f["message"] for f in warned)
     assert report["variables"]["db"]["certificates"][-1]["subject_cn"] == cn
+
+
+def test_thousands_of_unreadable_entries_are_counted_not_listed(tmp_path, capsys):
+    """A crafted db of 1-byte 'certificates' (60,000 in 1 MiB) made one finding each: 120 MB
+    of JSON, 800 MB and 6 s. The first few of a kind are listed, the rest counted."""
+    tiny = esl(efi.CERT_X509, [b"\x30"] * 3000)
+    entries, problems = efi.read_signature_lists(tiny)
+    assert entries == [] and len(problems) == efi.MAX_PROBLEMS + 1
+    assert (
+        problems[-1].message
+        == f"{3000 - efi.MAX_PROBLEMS} more like the above (unreadable), not listed"
+    )
+    with pytest.raises(Error, match="entry 1 is not a DER X.509"):
+        efi.parse_signature_lists(tiny, "db")
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(dbx=tiny, dbDefault=tiny))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    unreadable = [f for f in doc["findings"] if f["code"] == "unreadable"]
+    assert rc == 1 and len(unreadable) == 2 * (efi.MAX_PROBLEMS + 1)
