@@ -2,6 +2,7 @@
 
 import base64
 import datetime
+import gzip
 import hashlib
 import json
 import logging
@@ -1853,11 +1854,17 @@ def test_fuzz_messy_variables_through_the_report(tmp_path):
 # --- the man page's JSON section against a real run ----------------------------------------------
 
 MAN_PAGE = Path(__file__).resolve().parents[2] / "man" / "secureboot-ca-check.8"
+# Outside the source tree (test-real-inputs runs a copy against the installed package):
+# the installed page.
+INSTALLED_MAN_PAGE = Path("/usr/share/man/man8/secureboot-ca-check.8.gz")
 
 
 def man_json_words() -> set:
     """Every bold word of the man page's 'JSON fields' section (keys, codes, values)."""
-    text = MAN_PAGE.read_text()
+    if MAN_PAGE.is_file():
+        text = MAN_PAGE.read_text()
+    else:
+        text = gzip.decompress(INSTALLED_MAN_PAGE.read_bytes()).decode()
     section = text[text.index(".SS JSON fields") : text.index(".SH EXIT STATUS")]
     words = set()
     for line in section.splitlines():
