@@ -1961,7 +1961,9 @@ def test_next_steps_come_from_findings_alone():
         finding("shim-not-accepted", "action", "refused", "/x/shim.efi", revoked_by="Old CA"),
     ]
     steps = rules.next_steps(found, "varstore")
-    assert steps[0].startswith("For this virtual machine:")
+    # Not rebooting into a refused shim cannot wait: first, before the update steps.
+    assert steps[0].startswith("Do not reboot into /x/shim.efi")
+    assert steps[1].startswith("For this virtual machine:")
     assert "Upgrade fwupd (1.8.12-2) to 2.0.20 or later: apt install fwupd" in steps
     assert any("signed with KEK CA 2011, which this machine has" in s for s in steps)
     assert any(s.startswith("Do not reboot into /x/shim.efi: dbx revokes Old CA") for s in steps)
