@@ -2,6 +2,7 @@
 
 import base64
 import datetime
+import gzip
 import hashlib
 import json
 import logging
@@ -1856,11 +1857,17 @@ def test_fuzz_messy_variables_through_the_report(tmp_path):
 # --- the man page's JSON section against a real run ----------------------------------------------
 
 MAN_PAGE = Path(__file__).resolve().parents[2] / "man" / "secureboot-ca-check.8"
+# Outside the source tree (test-real-inputs runs a copy against the installed package):
+# the installed page.
+INSTALLED_MAN_PAGE = Path("/usr/share/man/man8/secureboot-ca-check.8.gz")
 
 
 def man_json_words() -> set:
     """Every bold word of the man page's 'JSON fields' section (keys, codes, values)."""
-    text = MAN_PAGE.read_text()
+    if MAN_PAGE.is_file():
+        text = MAN_PAGE.read_text()
+    else:
+        text = gzip.decompress(INSTALLED_MAN_PAGE.read_bytes()).decode()
     section = text[text.index(".SS JSON fields") : text.index(".SH EXIT STATUS")]
     words = set()
     for line in section.splitlines():
@@ -1959,8 +1966,10 @@ def test_next_steps_come_from_findings_alone():
         finding("shim-not-accepted", "action", "refused", "/x/shim.efi", revoked_by="Old CA"),
     ]
     steps = rules.next_steps(found, "varstore")
-    assert steps[0].startswith("For this virtual machine:")
-    assert "--varstore FILE --fix" in steps[0]
+    # Not rebooting into a refused shim cannot wait: first, before the update steps.
+    assert steps[0].startswith("Do not reboot into /x/shim.efi")
+    assert steps[1].startswith("For this virtual machine:")
+    assert "--varstore FILE --fix" in steps[1]
     # A VM's NVRAM is fixed offline: fwupd inside the VM cannot update KEK.
     assert not any("fwupd" in s for s in steps)
     steps = rules.next_steps(found, "efivars")
@@ -2035,3 +2044,21 @@ def test_names_only_newer_cryptography_warns_about(tmp_path, capsys, cn):
     assert bool(warned) is newer and rc == 1
     assert all("Attribute's length must be >= 1 and <= 64" in f["message"] for f in warned)
     assert report["variables"]["db"]["certificates"][-1]["subject_cn"] == cn
+
+
+def test_thousands_of_unreadable_entries_are_counted_not_listed(tmp_path, capsys):
+    """A crafted db of 1-byte 'certificates' (60,000 in 1 MiB) made one finding each: 120 MB
+    of JSON, 800 MB and 6 s. The first few of a kind are listed, the rest counted."""
+    tiny = esl(efi.CERT_X509, [b"\x30"] * 3000)
+    entries, problems = efi.read_signature_lists(tiny)
+    assert entries == [] and len(problems) == efi.MAX_PROBLEMS + 1
+    assert (
+        problems[-1].message
+        == f"{3000 - efi.MAX_PROBLEMS} more like the above (unreadable), not listed"
+    )
+    with pytest.raises(Error, match="entry 1 is not a DER X.509"):
+        efi.parse_signature_lists(tiny, "db")
+    efivars = write_efivars(tmp_path / "efivars", ms_variables(dbx=tiny, dbDefault=tiny))
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    unreadable = [f for f in doc["findings"] if f["code"] == "unreadable"]
+    assert rc == 1 and len(unreadable) == 2 * (efi.MAX_PROBLEMS + 1)

@@ -88,6 +88,8 @@ MAX_PE = 64 << 20
 # refused before the certificates of each are decoded and checked against db and dbx
 # (repeats of one cost nothing: parse_pe decodes each distinct signature once).
 MAX_SIGNATURES = 64
+# Problems of one kind listed per variable (the rest are counted in one more).
+MAX_PROBLEMS = 10
 
 
 def guid_str(raw: bytes) -> str:
@@ -162,8 +164,27 @@ def read_signature_lists(data: bytes) -> Tuple[List[Entry], List[Problem]]:
     """
     entries: List[Entry] = []
     problems: List[Problem] = []
+    counts: Dict[str, int] = {}
     for item in walk_signature_lists(data):
-        (entries if isinstance(item, Entry) else problems).append(item)
+        if isinstance(item, Entry):
+            entries.append(item)
+            continue
+        counts[item.code] = counts.get(item.code, 0) + 1
+        if counts[item.code] <= MAX_PROBLEMS:
+            problems.append(item)
+    # A crafted 1 MiB variable of 17-byte entries is 60,000 unreadable ones: the first few
+    # of each kind are listed, the rest counted.
+    for code, count in counts.items():
+        if count > MAX_PROBLEMS:
+            first = next(p for p in problems if p.code == code)
+            problems.append(
+                Problem(
+                    code,
+                    first.severity,
+                    f"{count - MAX_PROBLEMS} more like the above ({code}), not listed",
+                    structural=first.structural,
+                )
+            )
     return entries, problems
 
 
@@ -321,6 +342,8 @@ def pem_certificate(payload: bytes):
     certificate, whatever its header says ("NEW CERTIFICATE REQUEST" on one real board)
     and wherever it starts (after 'openssl x509 -text' output), with LF or CRLF lines;
     the label is None for base64 text without a header."""
+    if len(payload) < 100:  # shorter than any certificate in base64: not worth a look
+        return None
     match = PEM_BEGIN.search(payload)
     if match:
         end = payload.find(b"-----END", match.end())

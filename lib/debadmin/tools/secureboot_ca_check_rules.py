@@ -320,7 +320,9 @@ RULES: Tuple[Callable[[Facts], Iterable[Finding]], ...] = (
 def next_steps(findings: List[Finding], source_kind: str) -> List[str]:
     """The advice, from the findings alone (source_kind: efivars or varstore)."""
     codes = {f["code"] for f in findings}
-    steps = [
+    # What must not wait for the next reboot comes first.
+    steps = shim_steps(findings)
+    steps += [
         f"Find out who enrolled the look-alike '{f['name']}' in {f['subject']} and remove it "
         "(a firmware update or 'restore factory keys' from the machine maker)."
         for f in findings
@@ -333,7 +335,6 @@ def next_steps(findings: List[Finding], source_kind: str) -> List[str]:
             "Do not use 'restore factory keys' in the firmware setup until a "
             "firmware update from the maker brings 2023 defaults."
         )
-    steps += shim_steps(findings)
     if "test-key" in codes:
         steps.append(
             "Ask the machine maker for a firmware update with a real platform key, "
