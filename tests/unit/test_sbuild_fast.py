@@ -882,7 +882,8 @@ def test_doctor_subid_finding_follows_sbuild(tmp_path):
     assert findings[0]["message"].endswith(f"usermod --del-subuids 231072-232071 {user}")
     text = f"{uid}:100000:65536\nother:165536:65536\n"
     findings, facts = doctor(tmp_path, tmpfs(tmp_path), subids=text)
-    assert facts["subuid"] == 0 and "none" in findings[0]["message"]
+    assert facts["subuid"] == 0 and ": 0 ids, it needs 65536" in findings[0]["message"]
+    assert "none ids" not in findings[0]["message"]
     # a free range after the last one handed out, not someone else's 100000-165535
     assert findings[0]["message"].endswith(f"usermod --add-subuids 231072-296607 {user}")
 
@@ -1241,3 +1242,9 @@ def test_rule_missing_chroot_skips_the_other_chroot_rules():
     gone = {k: v for k, v in chroot.items() if k not in ("content", "shadowed_by")}
     findings = sfd.rule_chroots(facts_record(chroots=[dict(gone, present=False)]))
     assert kinds(findings) == ["missing"]
+
+
+def test_help_names_the_exit_statuses(capsys):
+    assert sf.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "exit status: 0 ok, 1 action needed (doctor), 2 error" in out

@@ -744,7 +744,9 @@ def mode_type(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.new_parser(
-        PROG, "sbuild chroots with debhelper and eatmydata preinstalled, kept fresh."
+        PROG,
+        "sbuild chroots with debhelper and eatmydata preinstalled, kept fresh.",
+        epilog="exit status: 0 ok, 1 action needed (doctor), 2 error",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -343,7 +343,7 @@ def rule_subids(facts: Facts) -> Findings:
                 f"no-{kind}",
                 "action",
                 f"sbuild's unshare mode takes the first line for {facts['user']} in "
-                f"/etc/{kind}: {count or 'none'} ids, it needs {SUBID_COUNT}: "
+                f"/etc/{kind}: {count} ids, it needs {SUBID_COUNT}: "
                 + facts["subid_advice"][kind],
                 f"/etc/{kind}",
             )
