@@ -27,6 +27,8 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sf, "host_arch", lambda: "amd64")
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.85.0")
     monkeypatch.setattr(sbs, "tmpfs_unpack_template", lambda *args, **kwargs: None)
+    # sbuild's own configuration is asked in the tests of sbuild_runs_lintian
+    monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
     cache = tmp_path / ".cache/sbuild"
     cache.mkdir(parents=True)
     return tmp_path
@@ -279,8 +281,12 @@ def test_sbuildrc_path_follows_sbuild(tmp_path):
     env = {"HOME": str(tmp_path)}
     rc = tmp_path / ".sbuildrc"
     assert sbs.sbuildrc_path(env, "0.85.0") == rc
-    assert sbs.sbuildrc_path(env, "0.89.3+deb13u4") == rc  # no config.pl: ~/.sbuildrc
     config_pl = tmp_path / ".config/sbuild/config.pl"
+    # neither file: config.pl, as sbuild >= 0.87.1 otherwise asks at every build to move
+    # ~/.sbuildrc there
+    assert sbs.sbuildrc_path(env, "0.89.3+deb13u4") == config_pl
+    rc.write_text("$build_arch_all = 1;\n1;\n")
+    assert sbs.sbuildrc_path(env, "0.89.3+deb13u4") == rc  # the user's own file stays read
     config_pl.parent.mkdir(parents=True)
     config_pl.write_text("1;\n")
     # sbuild >= 0.87.1 reads config.pl and then ignores ~/.sbuildrc; 0.85 never reads it
@@ -1013,7 +1019,9 @@ def schroot_doctor(tmp_path, aliases, fs=None, other=None):
 
 
 def schroot_doctor_findings(tmp_path, chroot, inspect=True, fs=None):
-    """(findings, facts) for one fresh schroot-mode record of chroot, under root tmp_path."""
+    """(findings, facts) for one fresh schroot-mode record of chroot, under root tmp_path;
+    /dev/shm is ext4 there, so the overlay's info finding is always made (and left out:
+    test_rule_schroot_overlay_on_disk tests it)."""
     state = dict(RECIPE, mode="schroot", path=str(chroot), created=int(time.time()))
     facts = sfd.gather_facts(
         tmp_path / "cache",
@@ -1027,7 +1035,9 @@ def schroot_doctor_findings(tmp_path, chroot, inspect=True, fs=None):
         fs_probe=probe(fs or {}, ("ext4", "rw")),
         btrfs_probe=lambda path: None,
     )
-    return sfd.doctor_findings(facts), facts
+    findings = sfd.doctor_findings(facts)
+    assert [f["code"] for f in findings if f["severity"] == "info"] == ["overlay-not-tmpfs"]
+    return [f for f in findings if f["severity"] != "info"], facts
 
 
 def test_doctor_schroot_shadowed(tmp_path):
@@ -1190,6 +1200,8 @@ def facts_record(**changes):
             {"role": "build", "path": "/home/alice/src", "fstype": "ext4", "options": "rw"},
         ],
         "tmpfs_unpack_template": "/dev/shm/tmp.sbuild.XXXXXXXXXX",
+        "tmpfs_overlay": {"fits": True, "reason": "/dev/shm is tmpfs of 11.7 GiB"},
+        "schroot_installed": False,
     }
     facts.update(changes)
     return facts
@@ -1248,3 +1260,130 @@ def test_help_names_the_exit_statuses(capsys):
     assert sf.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "exit status: 0 ok, 1 action needed (doctor), 2 error" in out
+
+
+def test_lintian_is_preinstalled_when_sbuild_runs_it(tmp_path, monkeypatch):
+    # perl stands in for sbuild's Sbuild::Conf: it answers what RUN_LINTIAN is set to
+    fake_tool(tmp_path / "bin", "perl", 'shift 3; for k; do echo "$k=$RUN_LINTIAN"; done\n')
+    fake_tool(tmp_path / "bin", "dpkg-query", 'echo "0.85.0"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUN_LINTIAN", "1")
+    assert sf.sbuild_runs_lintian() is True
+    monkeypatch.setenv("RUN_LINTIAN", "0")
+    assert sf.sbuild_runs_lintian() is False
+    recipe = dict(RECIPE, lintian=True)
+    argv = sf.mmdebstrap_argv(recipe, "/out.tar", "unshare")
+    assert "--include=fakeroot,debhelper,eatmydata,lintian,dh-python" in argv
+    assert sf.recipe_from_state(dict(RECIPE, lintian=True))["lintian"] is True
+    assert sf.recipe_from_state(RECIPE)["lintian"] is False  # a record from 0.1.0
+
+
+def test_apt_cache_is_not_shipped():
+    argv = sf.mmdebstrap_argv(RECIPE, "/out.tar", "unshare")
+    # mmdebstrap's cleanup/apt/cache ('apt-get clean') removes the .debs and *.bin
+    assert not [a for a in argv if a.startswith("--skip=cleanup/apt/cache")]
+    assert "--skip=cleanup/apt/lists" in argv
+
+
+def test_rule_lintian_not_preinstalled_is_a_warning():
+    facts = facts_record(sbuild_config={"chroot_mode": "unshare", "run_lintian": "1"})
+    (found,) = sfd.doctor_findings(facts)
+    assert found["code"] == "lintian-not-preinstalled" and found["severity"] == "warning"
+    assert "sbuild-fast create --dist bookworm'" in found["message"]
+    assert not sfd.needs_action([found])  # worth knowing: the exit status stays 0
+    chroot = facts["chroots"][0]
+    for change in ({"lintian": False}, {"content": dict(chroot["content"], lintian=True)}):
+        assert sfd.doctor_findings(dict(facts, chroots=[dict(chroot, **change)])) == []
+    off = dict(facts, sbuild_config={"chroot_mode": "unshare", "run_lintian": "0"})
+    assert sfd.doctor_findings(off) == []
+
+
+def test_configure_on_trixie_writes_config_pl(home, monkeypatch, capsys):
+    # sbuild 0.89 with neither file: the block goes to config.pl (a new ~/.sbuildrc would
+    # make sbuild print "consider moving your ~/.sbuildrc" at every build)
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.89.3+deb13u4")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert sf.configure("unshare", True, False) == 0
+    config_pl = home / ".config/sbuild/config.pl"
+    assert "$unshare_mmdebstrap_auto_create = 0;" in config_pl.read_text()
+    assert not (home / ".sbuildrc").exists()
+    assert f"wrote the sbuild-fast settings to {config_pl}" in capsys.readouterr().out
+
+
+def test_rule_schroot_overlay_on_disk():
+    overlay = {"role": "overlay", "path": "/var/lib/schroot/union/overlay", "fstype": "ext4"}
+    facts = facts_record(filesystems=[dict(overlay, options="rw")])
+    (found,) = sfd.rule_schroot_overlay(facts)
+    assert found["severity"] == "warning" and "update --mode schroot" in found["message"]
+    small = {"fits": False, "reason": "/dev/shm holds 1.0 GiB, under the 4 GiB"}
+    (found,) = sfd.rule_schroot_overlay(dict(facts, tmpfs_overlay=small))
+    assert found["severity"] == "info" and found["message"].endswith(small["reason"])
+    tmpfs = dict(overlay, path=sbs.TMPFS_OVERLAY_DIR, fstype="tmpfs", options="rw")
+    assert sfd.rule_schroot_overlay(facts_record(filesystems=[tmpfs])) == []
+
+
+def test_rule_schroot_mode_is_recommended_where_it_fits():
+    assert sfd.rule_schroot_mode(facts_record()) == []  # no schroot installed
+    (found,) = sfd.rule_schroot_mode(facts_record(schroot_installed=True))
+    assert found["code"] == "schroot-faster" and found["severity"] == "info"
+    small = {"fits": False, "reason": "x"}
+    assert sfd.rule_schroot_mode(facts_record(schroot_installed=True, tmpfs_overlay=small)) == []
+
+
+def test_schroot_conf_overlay_on_tmpfs(tmp_path):
+    text = sbs.schroot_conf(RECIPE, tmp_path, [], sbs.TMPFS_OVERLAY_DIR)
+    assert f"union-overlay-directory={sbs.TMPFS_OVERLAY_DIR}\n" in text
+    # doctor then checks that directory as the overlay filesystem
+    conf = tmp_path / sbs.SCHROOT_CONF_DIR / "sbuild-fast-bookworm-amd64"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(text)
+    state = dict(RECIPE, mode="schroot")
+    assert sbs.schroot_overlay_dirs([state], tmp_path) == [
+        tmp_path / sbs.TMPFS_OVERLAY_DIR.lstrip("/")
+    ]
+    assert "union-overlay-directory" not in sbs.schroot_conf(RECIPE, tmp_path, [])
+
+
+def test_tmpfs_overlay_fit(tmp_path):
+    (tmp_path / "dev/shm").mkdir(parents=True)
+    fits, why = sbs.tmpfs_overlay_fit(tmp_path, lambda path: ("ext4", "rw"))
+    assert not fits and why.endswith("is ext4, not tmpfs")
+    fits, why = sbs.tmpfs_overlay_fit(tmp_path, lambda path: ("tmpfs", "rw"))
+    size = os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+    assert fits == (size >= sbs.TMPFS_OVERLAY_MIN), why
+
+
+def test_rule_command_cost_states_the_floor():
+    facts = facts_record(command_cost={"unshare": 0.073, "schroot": 0.0095})
+    schroot, unshare = sfd.rule_command_cost(facts)
+    assert unshare["severity"] == "info" and unshare["subject"] == "unshare"
+    assert "each costs at least 73 ms in unshare mode, so at least 7.7 s" in unshare["message"]
+    assert schroot["floor_seconds"] == 1.0 and "each costs 10 ms in schroot mode" in (
+        schroot["message"]
+    )
+    assert sfd.rule_command_cost(facts_record(command_cost={"unshare": None})) == []
+    assert not sfd.needs_action(sfd.doctor_findings(facts))
+
+
+def test_gather_times_the_modes_in_use(tmp_path):
+    calls = []
+
+    def cost(mode, chroot):
+        calls.append((mode, chroot))
+        return 0.01
+
+    state = dict(RECIPE, mode="schroot", path=str(tmp_path), created=int(time.time()))
+    facts = sfd.gather_facts(
+        tmp_path / "cache",
+        {"chroot_mode": "schroot"},
+        [],
+        [state],
+        {"sbuild": "0.85.0", "mmdebstrap": "1.3.5"},
+        time.time(),
+        root=tmp_path,
+        inspect=False,
+        fs_probe=lambda path: ("ext4", "rw"),
+        cost_probe=cost,
+    )
+    assert calls == [("schroot", "bookworm-amd64-sbuild-fast")]
+    assert facts["command_cost"] == {"schroot": 0.01}

@@ -102,6 +102,7 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
     found = {
         "debhelper": False,
         "fakeroot": False,
+        "lintian": False,
         "eatmydata": False,
         "eatmydata_dpkg": False,
         "apt_uses_eatmydata": False,
@@ -120,6 +121,8 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
                     found["debhelper"] = True
                 elif name in ("./usr/bin/fakeroot", "./usr/bin/fakeroot-sysv"):
                     found["fakeroot"] = True
+                elif name == "./usr/bin/lintian":
+                    found["lintian"] = True
                 elif name == "./usr/bin/eatmydata":
                     found["eatmydata"] = True
                 elif name == "." + sbs.EATMYDATA_DIR + "/dpkg":
@@ -160,6 +163,7 @@ def inspect_directory(path: Path, conf: Path) -> Dict[str, bool]:
     return {
         "debhelper": (path / "usr/bin/dh").exists(),
         "fakeroot": (path / "usr/bin/fakeroot").exists(),
+        "lintian": (path / "usr/bin/lintian").exists(),
         "eatmydata": (path / "usr/bin/eatmydata").exists(),
         "command_prefix_eatmydata": bool(
             re.search(r"^command-prefix=eatmydata\b", conf_text, re.M)
@@ -254,9 +258,12 @@ def gather_facts(
     config_error: Optional[str] = None,
     fs_probe: Optional[Callable[[Path], Tuple[Optional[str], str]]] = None,
     btrfs_probe: Optional[Callable[[Path], Optional[str]]] = None,
+    cost_probe: Optional[Callable[[str, Optional[str]], Optional[float]]] = None,
 ) -> Facts:
     """Everything the rules judge, read once. uid: the user who builds (default: the
-    caller); fs_probe/btrfs_probe: how filesystems are read (findmnt, btrfs property)."""
+    caller); fs_probe/btrfs_probe: how filesystems are read (findmnt, btrfs property);
+    cost_probe(mode, schroot chroot): seconds per command in the chroot (default: not
+    timed)."""
     fs_probe = fs_probe or sbs.fs_of
     btrfs_probe = btrfs_probe or btrfs_property_compression
     uid = os.getuid() if uid is None else uid
@@ -297,7 +304,26 @@ def gather_facts(
             entry["compression_property"] = btrfs_probe(directory)
         facts["filesystems"].append(entry)
     facts["tmpfs_unpack_template"] = sbs.tmpfs_unpack_template(root, fs_probe)
+    fits, why = sbs.tmpfs_overlay_fit(root, fs_probe)
+    facts["tmpfs_overlay"] = {"fits": fits, "reason": why}
+    facts["schroot_installed"] = (root / "usr/bin/schroot").exists()
+    facts["command_cost"] = {}
+    if cost_probe:
+        if facts["unshare_used"]:
+            facts["command_cost"]["unshare"] = cost_probe("unshare", None)
+        for chroot in facts["chroots"]:
+            if chroot["mode"] == "schroot" and chroot["present"]:
+                cost = cost_probe("schroot", f"{chroot['name']}-sbuild-fast")
+                facts["command_cost"]["schroot"] = cost
+                break
     return facts
+
+
+def command_cost(mode: str, chroot: Optional[str]) -> Optional[float]:
+    """gather()'s cost_probe: one sbuild-style command in the chroot, timed."""
+    if mode == "unshare":
+        return sbs.unshare_command_cost(sbs.sbuild_version())
+    return sbs.schroot_command_cost(chroot) if chroot else None
 
 
 def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
@@ -319,6 +345,7 @@ def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
         time.time(),
         root=root,
         config_error=config_error,
+        cost_probe=command_cost,
     )
 
 
@@ -478,7 +505,33 @@ def chroot_content(chroot: Dict, facts: Facts) -> Findings:  # noqa: ARG001 - ru
     return found
 
 
-CHROOT_RULES = (chroot_age, chroot_lookup, chroot_content)
+def chroot_lintian(chroot: Dict, facts: Facts) -> Findings:
+    """sbuild runs lintian by default, and installs it (with its Perl dependencies) into
+    every throwaway chroot that lacks it: measured 9 s of a 19 s build."""
+    run_lintian = facts["sbuild_config"].get("run_lintian")
+    content = chroot.get("content")
+    if (
+        run_lintian is None
+        or run_lintian.strip() in ("", "0")
+        or content is None
+        or content.get("lintian")
+        or chroot.get("lintian") is False  # left out on purpose (create --no-lintian)
+    ):
+        return []
+    return [
+        finding(
+            "lintian-not-preinstalled",
+            "warning",
+            f"sbuild runs lintian after every build and installs it into a throwaway copy of "
+            f"{chroot['name']} each time: run 'sbuild-fast create --dist {chroot['dist']}"
+            + (" --mode schroot" if chroot["mode"] == "schroot" else "")
+            + "' to preinstall it (or 'sbuild --no-run-lintian')",
+            chroot["path"],
+        )
+    ]
+
+
+CHROOT_RULES = (chroot_age, chroot_lookup, chroot_content, chroot_lintian)
 
 
 def rule_chroots(facts: Facts) -> Findings:
@@ -565,6 +618,83 @@ def rule_filesystems(facts: Facts) -> Findings:
     return [f for fs in facts["filesystems"] for f in filesystem_findings(fs, facts)]
 
 
+def rule_schroot_overlay(facts: Facts) -> Findings:
+    """Where schroot sessions write: tmpfs when it is big enough (sbuild's fastest mode)."""
+    found = []
+    for fs in facts["filesystems"]:
+        if fs["role"] != "overlay" or fs["fstype"] == "tmpfs":
+            continue
+        if facts["tmpfs_overlay"]["fits"]:
+            found.append(
+                finding(
+                    "overlay-not-tmpfs",
+                    "warning",
+                    f"schroot sessions write their overlay to {fs['path']} ({fs['fstype']}): "
+                    "'sbuild-fast update --mode schroot' moves it to tmpfs "
+                    f"({facts['tmpfs_overlay']['reason']})",
+                    fs["path"],
+                )
+            )
+        else:
+            found.append(
+                finding(
+                    "overlay-not-tmpfs",
+                    "info",
+                    f"schroot sessions write their overlay to {fs['path']} ({fs['fstype']}); "
+                    f"not to tmpfs, as {facts['tmpfs_overlay']['reason']}",
+                    fs["path"],
+                )
+            )
+    return found
+
+
+def rule_schroot_mode(facts: Facts) -> Findings:
+    """schroot mode with its overlay on tmpfs is sbuild's fastest mode: say so to a user of
+    unshare chroots on a host that could have one."""
+    chroots = facts["chroots"]
+    if (
+        not chroots
+        or any(c["mode"] == "schroot" for c in chroots)
+        or not facts.get("schroot_installed")
+        or not facts["tmpfs_overlay"]["fits"]
+    ):
+        return []
+    return [
+        finding(
+            "schroot-faster",
+            "info",
+            "schroot mode with its overlay on tmpfs is sbuild's fastest mode (about half "
+            "the time of unshare mode per build, bench/README): 'sbuild-fast create --mode "
+            "schroot' as root, for the members of the sbuild group",
+        )
+    ]
+
+
+def rule_command_cost(facts: Facts) -> Findings:
+    """What sbuild itself costs per build in each mode in use: its floor, which no chroot
+    and no setting removes."""
+    found = []
+    for mode, cost in sorted(facts.get("command_cost", {}).items()):
+        if cost is None:
+            continue
+        floor = cost * sbs.COMMANDS_PER_BUILD
+        bound = "at least " if mode == "unshare" else ""
+        found.append(
+            finding(
+                "command-cost",
+                "info",
+                f"sbuild runs about {sbs.COMMANDS_PER_BUILD} commands in the chroot per build; "
+                f"here each costs {bound}{cost * 1000:.0f} ms in {mode} mode, so {bound}"
+                f"{floor:.1f} s of every build is sbuild's own: the floor of {mode} mode, "
+                "which no chroot or setting removes",
+                mode,
+                seconds_per_command=round(cost, 4),
+                floor_seconds=round(floor, 1),
+            )
+        )
+    return found
+
+
 def rule_not_installed(facts: Facts) -> Findings:
     return [
         finding("not-installed", "action", f"{pkg} is not installed")
@@ -593,6 +723,9 @@ RULES: Tuple[Callable[[Facts], Findings], ...] = (
     rule_auto_create,
     rule_chroots,
     rule_filesystems,
+    rule_schroot_overlay,
+    rule_schroot_mode,
+    rule_command_cost,
     rule_not_installed,
     rule_no_chroot,
 )

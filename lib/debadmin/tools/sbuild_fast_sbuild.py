@@ -95,17 +95,20 @@ def user_cache_dir(env: Optional[Dict[str, str]] = None) -> Path:
 
 
 def sbuildrc_path(env: Optional[Dict[str, str]] = None, sbuild_ver: Optional[str] = None) -> Path:
-    """The user's sbuild configuration file that sbuild really reads: from sbuild 0.87.1
-    on, $XDG_CONFIG_HOME/sbuild/config.pl when it exists, and ~/.sbuildrc is then ignored;
-    otherwise ~/.sbuildrc."""
+    """The user's sbuild configuration file that sbuild really reads. From sbuild 0.87.1 on,
+    $XDG_CONFIG_HOME/sbuild/config.pl when it exists (~/.sbuildrc is then ignored), and
+    also when neither exists: such an sbuild prints 'consider moving your ~/.sbuildrc' at
+    every build that reads ~/.sbuildrc. A ~/.sbuildrc the user has stays where it is (it
+    holds their settings, which a new config.pl would hide). Before 0.87.1: ~/.sbuildrc."""
     env = dict(os.environ) if env is None else env
     home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    sbuildrc = Path(home) / ".sbuildrc"
     if sbuild_ver and debver.at_least(sbuild_ver, "0.87.1"):
         config_home = Path(env.get("XDG_CONFIG_HOME") or Path(home) / ".config")
         config_pl = config_home / "sbuild/config.pl"
-        if os.access(config_pl, os.R_OK):
+        if os.access(config_pl, os.R_OK) or not (sbuildrc.exists() or sbuildrc.is_symlink()):
             return config_pl
-    return Path(home) / ".sbuildrc"
+    return sbuildrc
 
 
 def matching_files(cache_dir: Path, name: str) -> List[str]:
@@ -141,6 +144,7 @@ STATE_FIELDS = {
     "include": list,
     "keep_docs": bool,
     "eatmydata": bool,
+    "lintian": bool,
     "version": str,
 }
 STATE_REQUIRED = ("name", "dist", "arch", "mode", "path")
@@ -332,7 +336,38 @@ def conflicting_files(cache_dir: Path, name: str, ours: str) -> List[str]:
     return [f for f in matching_files(cache_dir, name) if f != ours]
 
 
-def schroot_conf(recipe: Dict, directory: Path, aliases: Sequence[str]) -> str:
+# schroot sessions write into an overlay directory: on tmpfs, a build's writes (the
+# build-deps installed, the build tree) never reach a disk. /dev/shm is tmpfs on every
+# systemd host and half the RAM by default; the directory is root's (0700), made again at
+# boot by sbuild-fast's tmpfiles.d entry, since schroot only creates sessions inside it.
+TMPFS_OVERLAY_DIR = "/dev/shm/sbuild-fast-overlay"
+TMPFS_OVERLAY_MIN = 4 << 30  # a tmpfs smaller than this is left to small builds
+
+
+def tmpfs_overlay_fit(
+    root: Path = Path("/"), fs_probe: Optional[Callable[[Path], Tuple[Optional[str], str]]] = None
+) -> Tuple[bool, str]:
+    """(whether schroot's overlay can go to TMPFS_OVERLAY_DIR, why or why not)."""
+    shm = root / "dev/shm"
+    fstype, _ = (fs_probe or fs_of)(shm)
+    if fstype != "tmpfs":
+        return False, f"{shm} is {fstype or 'not mounted'}, not tmpfs"
+    try:
+        info = os.statvfs(shm)
+    except OSError as exc:
+        return False, f"cannot read {shm}: {exc.strerror}"
+    size = info.f_blocks * info.f_frsize
+    if size < TMPFS_OVERLAY_MIN:
+        return False, (
+            f"{shm} holds {size / (1 << 30):.1f} GiB, under the "
+            f"{TMPFS_OVERLAY_MIN >> 30} GiB a build's overlay may need"
+        )
+    return True, f"{shm} is tmpfs of {size / (1 << 30):.1f} GiB"
+
+
+def schroot_conf(
+    recipe: Dict, directory: Path, aliases: Sequence[str], overlay_dir: Optional[str] = None
+) -> str:
     lines = [
         f"# Written by sbuild-fast; 'sbuild-fast remove --mode schroot {recipe['dist']}'"
         " removes it.",
@@ -349,6 +384,8 @@ def schroot_conf(recipe: Dict, directory: Path, aliases: Sequence[str]) -> str:
         lines.append("aliases=" + ",".join(aliases))
     if recipe["eatmydata"]:
         lines.append("command-prefix=eatmydata")
+    if overlay_dir:
+        lines.append(f"union-overlay-directory={overlay_dir}")
     return "\n".join(lines) + "\n"
 
 
@@ -441,6 +478,7 @@ def describe(state: Dict, now: Optional[float] = None) -> Dict:
         "include": state.get("include") or [],
         "keep_docs": state.get("keep_docs", False),
         "eatmydata": state.get("eatmydata", True),
+        "lintian": state.get("lintian"),  # None: a record from before lintian was asked
     }
 
 
@@ -478,3 +516,59 @@ def schroot_overlay_dirs(states: Sequence[Dict], root: Path = Path("/")) -> List
         if path not in dirs:
             dirs.append(path)
     return dirs
+
+
+# --- what each command in the chroot costs ------------------------------------------------
+
+# Commands sbuild runs in the chroot for one build of a small debhelper package (0.85, 0.89
+# and 0.91 alike, counted from --debug logs by bench/sbuild-fast).
+COMMANDS_PER_BUILD = 105
+COST_SAMPLES = 5
+
+# sbuild 0.85's own way into an unshare-mode chroot, timed around 'true': the user
+# namespace (perl, newuidmap, newgidmap) that sbuild makes afresh for every command.
+UNSHARE_COST_PERL = r"""
+use Sbuild::Utility; use Time::HiRes qw(time);
+my @idmap = read_subuid_subgid;
+my @cmd = get_unshare_cmd({UNSHARE_FLAGS => CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS
+    | CLONE_NEWIPC, FORK => 1, IDMAP => \@idmap});
+for (1 .. $ARGV[0]) {
+    my $t = time; system(@cmd, "true") == 0 or exit 1; printf "%.4f\n", time - $t }
+"""
+
+
+def _median(values: List[float]) -> Optional[float]:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def unshare_command_cost(sbuild_ver: Optional[str]) -> Optional[float]:
+    """Seconds sbuild's unshare mode spends entering the chroot's namespaces for each
+    command (a lower bound: the mounts and the chroot itself come on top), or None where
+    it cannot be timed: no subordinate ids, or sbuild >= 0.87, whose sbuild-usernsexec
+    needs an unpacked chroot."""
+    if not sbuild_ver or debver.at_least(sbuild_ver, "0.87"):
+        return None
+    result = proc.run(["perl", "-e", UNSHARE_COST_PERL, str(COST_SAMPLES)], check=False)
+    if result.returncode != 0:
+        return None
+    return _median([float(x) for x in result.stdout.split() if re.match(r"^[\d.]+$", x)])
+
+
+def schroot_command_cost(chroot: str) -> Optional[float]:
+    """Seconds per command in a session of schroot chroot chroot, as sbuild runs them
+    ('schroot -r -c SESSION -- ...'), or None when the caller cannot open a session."""
+    begin = proc.run(["schroot", "-b", "-c", chroot], check=False)
+    session = begin.stdout.strip()
+    if begin.returncode != 0 or not re.match(r"^[\w.:-]+$", session):
+        return None
+    try:
+        times = []
+        for _ in range(COST_SAMPLES):
+            start = time.monotonic()
+            if proc.run(["schroot", "-r", "-c", session, "--", "true"], check=False).returncode:
+                return None
+            times.append(time.monotonic() - start)
+        return _median(times)
+    finally:
+        proc.run(["schroot", "-e", "-c", session], check=False)
