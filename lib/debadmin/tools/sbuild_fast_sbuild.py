@@ -1,0 +1,566 @@
+"""sbuild-fast: what sbuild does, by version: where it looks, what it reads, and our records."""
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import re
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from debadmin import debver, fsutil, proc
+from debadmin.errors import Error
+
+log = logging.getLogger("debadmin")
+
+STATE_SUBDIR = ".sbuild-fast"  # under the sbuild cache dir: matches no sbuild chroot name
+SCHROOT_BASE = Path("/srv/sbuild-fast")
+SCHROOT_CONF_DIR = "etc/schroot/chroot.d"
+SCHROOT_STATE_DIR = "var/lib/sbuild-fast"
+EATMYDATA_DIR = "/usr/local/libexec/sbuild-fast"
+EATMYDATA_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-eatmydata"
+MARKER = "/etc/sbuild-fast"
+BASE_INCLUDE = ("fakeroot", "debhelper")
+CONFIG_BEGIN = "# BEGIN sbuild-fast"
+CONFIG_END = "# END sbuild-fast"
+MODES = ("unshare", "schroot")
+MAX_AGE_DAYS = 7  # the weekly refresh keeps chroots younger than this
+# Warn this long before sbuild >= 0.87 would re-create a tarball: the weekly timer's
+# random delay (and a user session that is not running) can stretch the gap past a week.
+AGE_MARGIN = 86400
+DIST_RE = re.compile(r"^[a-z0-9][a-z0-9.+]{0,39}$")
+ARCH_RE = re.compile(r"^[a-z0-9]{1,20}$")
+PKG_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
+URL_RE = re.compile(r"^(https?|file)://[A-Za-z0-9._~:/?#@!$&()*+,;=%\[\]-]+$")
+SBUILD_NAME_RE = re.compile(r"^[^-]+-[^-]+(-[^-]+)?(-sbuild)?\.t.+$")
+
+# apt-get and apt-cache run under eatmydata through wrappers in /usr/local/bin (first in
+# sbuild's PATH), tagged so that doctor can tell them.
+APT_WRAPPERS = ("apt-get", "apt-cache")
+APT_WRAPPER_DIR = "/usr/local/bin"
+APT_WRAPPER_TAG = "# sbuild-fast: apt without fsync"
+
+# --- names and inputs ------------------------------------------------------------------
+
+
+def validate_dist(dist: str) -> str:
+    if not DIST_RE.match(dist):
+        raise Error(f"invalid distribution name: {dist!r}")
+    return dist
+
+
+def validate_arch(arch: str) -> str:
+    if not ARCH_RE.match(arch):
+        raise Error(f"invalid architecture: {arch!r}")
+    return arch
+
+
+def validate_mirror(url: str) -> str:
+    if not URL_RE.match(url):
+        raise Error(f"invalid mirror URL: {url!r}")
+    return url.rstrip("/")
+
+
+def parse_include(values: Optional[Sequence[str]]) -> List[str]:
+    packages: List[str] = []
+    for value in values or ():
+        for name in value.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if not PKG_RE.match(name):
+                raise Error(f"invalid package name: {name!r}")
+            if name not in packages:
+                packages.append(name)
+    return packages
+
+
+def chroot_name(dist: str, arch: str) -> str:
+    return f"{dist}-{arch}"
+
+
+# --- where things live ------------------------------------------------------------------
+
+
+def user_cache_dir(env: Optional[Dict[str, str]] = None) -> Path:
+    """Where sbuild looks for unshare tarballs: $XDG_CACHE_HOME/sbuild, else ~/.cache/sbuild."""
+    env = dict(os.environ) if env is None else env
+    if env.get("XDG_CACHE_HOME"):
+        # Absolute, as sbuild (run from the same directory) would see it: mmdebstrap runs in /.
+        return Path(env["XDG_CACHE_HOME"]).absolute() / "sbuild"
+    home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    return Path(home).absolute() / ".cache/sbuild"
+
+
+def sbuildrc_path(env: Optional[Dict[str, str]] = None, sbuild_ver: Optional[str] = None) -> Path:
+    """The user's sbuild configuration file that sbuild really reads. From sbuild 0.87.1 on,
+    $XDG_CONFIG_HOME/sbuild/config.pl when it exists (~/.sbuildrc is then ignored), and
+    also when neither exists: such an sbuild prints 'consider moving your ~/.sbuildrc' at
+    every build that reads ~/.sbuildrc. A ~/.sbuildrc the user has stays where it is (it
+    holds their settings, which a new config.pl would hide). Before 0.87.1: ~/.sbuildrc."""
+    env = dict(os.environ) if env is None else env
+    home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    sbuildrc = Path(home) / ".sbuildrc"
+    if sbuild_ver and debver.at_least(sbuild_ver, "0.87.1"):
+        config_home = Path(env.get("XDG_CONFIG_HOME") or Path(home) / ".config")
+        config_pl = config_home / "sbuild/config.pl"
+        if os.access(config_pl, os.R_OK) or not (sbuildrc.exists() or sbuildrc.is_symlink()):
+            return config_pl
+    return sbuildrc
+
+
+def matching_files(cache_dir: Path, name: str) -> List[str]:
+    """Entries of cache_dir that sbuild would take for the chroot called name."""
+    pattern = re.compile("^" + re.escape(name) + r"\.t.+$")
+    try:
+        entries = sorted(os.listdir(cache_dir))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise Error(f"cannot read {cache_dir}: {exc.strerror}") from None
+    return [e for e in entries if pattern.match(e)]
+
+
+def shadowing_names(dist: str, arch: str) -> List[str]:
+    """Chroot names sbuild tries before DIST-ARCH for 'sbuild -d DIST' (native builds)."""
+    return [f"{dist}-{arch}-sbuild", f"{dist}-sbuild"]
+
+
+# --- state (what sbuild-fast made) -------------------------------------------------------
+
+
+# The fields of a record and their types: a record is input like any other, and one
+# that does not fit is skipped with a warning rather than trusted.
+STATE_FIELDS = {
+    "name": str,
+    "dist": str,
+    "arch": str,
+    "mode": str,
+    "path": str,
+    "created": int,
+    "mirror": str,
+    "include": list,
+    "keep_docs": bool,
+    "eatmydata": bool,
+    "lintian": bool,
+    "version": str,
+}
+STATE_REQUIRED = ("name", "dist", "arch", "mode", "path")
+
+
+def state_problem(state: object) -> Optional[str]:
+    """Why a parsed record cannot be used, or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    for key in STATE_REQUIRED:
+        if key not in state:
+            return f"no {key!r}"
+    for key, kind in STATE_FIELDS.items():
+        value = state.get(key)
+        if key in STATE_REQUIRED or value is not None:
+            # bool is an int in Python: "created": true is as wrong as "yesterday"
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                return f"{key!r} is not {'a' if kind is not int else 'an'} {kind.__name__}"
+    if not DIST_RE.match(state["dist"]) or not ARCH_RE.match(state["arch"]):
+        return "invalid dist or arch"
+    if state["mode"] not in MODES:
+        return f"unknown mode {state['mode']!r}"
+    if state["name"] != chroot_name(state["dist"], state["arch"]):
+        return f"name {state['name']!r} does not match dist and arch"
+    if not all(isinstance(p, str) for p in state.get("include") or []):
+        return "'include' is not a list of package names"
+    return None
+
+
+def load_state(path: Path) -> Optional[Dict]:
+    """The record in path, or None (with a one-line warning) when it is unreadable or
+    malformed."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("ignoring unreadable state file %s", path)
+        return None
+    problem = state_problem(state)
+    if not problem and path.name != f"{state['name']}.json":
+        problem = f"its name is {state['name']!r}"  # remove and update look for NAME.json
+    if problem:
+        log.warning("ignoring malformed state file %s: %s", path, problem)
+        return None
+    return state
+
+
+def read_states(state_dir: Path) -> List[Dict]:
+    try:
+        paths = sorted(state_dir.glob("*.json"))
+    except OSError:
+        return []
+    return [state for state in map(load_state, paths) if state is not None]
+
+
+def write_state(state_dir: Path, state: Dict) -> None:
+    data = json.dumps(state, indent=2, sort_keys=True) + "\n"
+    fsutil.atomic_write(state_dir / f"{state['name']}.json", data)
+
+
+# --- sbuild configuration ---------------------------------------------------------------
+
+
+def sbuild_version() -> Optional[str]:
+    result = proc.run(["dpkg-query", "-W", "-f", "${Version}", "sbuild"], check=False)
+    return result.stdout.strip() or None
+
+
+def tmpfs_unpack_template(
+    root: Path = Path("/"), fs_probe: Optional[Callable[[Path], Tuple[Optional[str], str]]] = None
+) -> Optional[str]:
+    """A tmpfs directory for sbuild's per-build unpack, when the host has one."""
+    for candidate in ("dev/shm", "tmp"):
+        fstype, _ = (fs_probe or fs_of)(root / candidate)
+        if fstype == "tmpfs":
+            return f"/{candidate}/tmp.sbuild.XXXXXXXXXX"
+    return None
+
+
+def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[str]) -> str:
+    """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc."""
+    lines = [
+        f"{CONFIG_BEGIN} (written by 'sbuild-fast create --configure'; edits inside are lost)",
+        f"$chroot_mode = '{mode}';",
+    ]
+    if mode == "unshare":
+        if tmp_template:
+            lines += [
+                "# Unpack each build's chroot on tmpfs: under a second instead of seconds.",
+                f"$unshare_tmpdir_template = '{tmp_template}';",
+            ]
+        if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
+            lines += [
+                "# Never silently replace the sbuild-fast tarball with a plain one;",
+                "# sbuild-fast-update.timer keeps it fresh instead.",
+                "$unshare_mmdebstrap_auto_create = 0;",
+            ]
+    # Nothing else: sbuild's defaults stay (apt update and dist-upgrade cost nothing
+    # measurable on a chroot the weekly refresh keeps fresh; $purge_build_deps does nothing
+    # for a cloned session, which both modes use; lintian is preinstalled when it runs).
+    lines += ["1;", CONFIG_END]
+    return "\n".join(lines) + "\n"
+
+
+def merge_config(text: str, block: str) -> str:
+    """text with its sbuild-fast block replaced by block (appended when there is none)."""
+    pattern = re.compile(
+        "^" + re.escape(CONFIG_BEGIN) + r".*?^" + re.escape(CONFIG_END) + r"[^\n]*\n?", re.M | re.S
+    )
+    if pattern.search(text):
+        return pattern.sub(lambda _m: block, text, count=1)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + block
+
+
+SBUILD_CONFIG_KEYS = (
+    "CHROOT_MODE",
+    "UNSHARE_TMPDIR_TEMPLATE",
+    "APT_UPDATE",
+    "APT_DISTUPGRADE",
+    "APT_UPGRADE",
+    "PURGE_BUILD_DEPS",
+    "RUN_LINTIAN",
+    "BUILD_DIR",
+)
+# sbuild 0.87 and later only: asking an older sbuild for them is pointless.
+SBUILD_AUTO_CREATE_KEYS = (
+    "UNSHARE_MMDEBSTRAP_AUTO_CREATE",
+    "UNSHARE_MMDEBSTRAP_MAX_AGE",
+    "UNSHARE_MMDEBSTRAP_KEEP_TARBALL",
+)
+
+
+def sbuild_config_keys(sbuild_ver: Optional[str]) -> Tuple[str, ...]:
+    if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
+        return SBUILD_CONFIG_KEYS + SBUILD_AUTO_CREATE_KEYS
+    return SBUILD_CONFIG_KEYS
+
+
+def effective_sbuild_config(sbuild_ver: Optional[str] = None) -> Dict[str, str]:
+    """sbuild's own view of its configuration (system file plus ~/.sbuildrc)."""
+    script = (
+        "my $c = Sbuild::Conf::new(); for my $k (@ARGV) { my $v = eval { $c->get($k) };"
+        " $v = '' unless defined $v; print \"$k=$v\\n\" }"
+    )
+    keys = sbuild_config_keys(sbuild_ver)
+    result = proc.run(["perl", "-MSbuild::Conf", "-e", script, *keys], check=False)
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+        raise Error(
+            "sbuild cannot read its configuration: " + " ".join(lines[-2:] or ["perl failed"])
+        )
+    config = {}
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition("=")
+        config[key.lower()] = value
+    return config
+
+
+def auto_create_max_age(config: Dict[str, str], sbuild_ver: Optional[str]) -> Optional[int]:
+    """The age in seconds at which sbuild re-creates an unshare tarball behind the user's
+    back (sbuild >= 0.87 with $unshare_mmdebstrap_auto_create on and a max_age that is not
+    negative), or None when it never does."""
+    if not sbuild_ver or not debver.at_least(sbuild_ver, "0.87"):
+        return None
+    if "unshare_mmdebstrap_auto_create" not in config:  # sbuild could not tell
+        return None
+    auto_create = config["unshare_mmdebstrap_auto_create"].strip()
+    if auto_create in ("", "0"):  # Perl's false ('' is also what an undef prints)
+        return None
+    try:
+        max_age = int(float(config.get("unshare_mmdebstrap_max_age", "604800") or 604800))
+    except ValueError:
+        max_age = 604800
+    return max_age if max_age >= 0 else None
+
+
+def conflicting_files(cache_dir: Path, name: str, ours: str) -> List[str]:
+    return [f for f in matching_files(cache_dir, name) if f != ours]
+
+
+# schroot sessions write into an overlay directory: on tmpfs, a build's writes (the
+# build-deps installed, the build tree) never reach a disk. /dev/shm is tmpfs on every
+# systemd host and half the RAM by default; the directory is root's (0700), made again at
+# boot by sbuild-fast's tmpfiles.d entry, since schroot only creates sessions inside it.
+TMPFS_OVERLAY_DIR = "/dev/shm/sbuild-fast-overlay"
+TMPFS_OVERLAY_MIN = 4 << 30  # a tmpfs smaller than this is left to small builds
+
+
+def tmpfs_overlay_fit(
+    root: Path = Path("/"), fs_probe: Optional[Callable[[Path], Tuple[Optional[str], str]]] = None
+) -> Tuple[bool, str]:
+    """(whether schroot's overlay can go to TMPFS_OVERLAY_DIR, why or why not)."""
+    shm = root / "dev/shm"
+    fstype, _ = (fs_probe or fs_of)(shm)
+    if fstype != "tmpfs":
+        return False, f"{shm} is {fstype or 'not mounted'}, not tmpfs"
+    try:
+        info = os.statvfs(shm)
+    except OSError as exc:
+        return False, f"cannot read {shm}: {exc.strerror}"
+    size = info.f_blocks * info.f_frsize
+    if size < TMPFS_OVERLAY_MIN:
+        return False, (
+            f"{shm} holds {size / (1 << 30):.1f} GiB, under the "
+            f"{TMPFS_OVERLAY_MIN >> 30} GiB a build's overlay may need"
+        )
+    return True, f"{shm} is tmpfs of {size / (1 << 30):.1f} GiB"
+
+
+def schroot_conf(
+    recipe: Dict, directory: Path, aliases: Sequence[str], overlay_dir: Optional[str] = None
+) -> str:
+    lines = [
+        f"# Written by sbuild-fast; 'sbuild-fast remove --mode schroot {recipe['dist']}'"
+        " removes it.",
+        f"[{recipe['name']}-sbuild-fast]",
+        f"description=Debian {recipe['dist']}/{recipe['arch']} by sbuild-fast",
+        "type=directory",
+        f"directory={directory}",
+        "union-type=overlay",
+        "groups=root,sbuild",
+        "root-groups=root,sbuild",
+        "profile=sbuild",
+    ]
+    if aliases:
+        lines.append("aliases=" + ",".join(aliases))
+    if recipe["eatmydata"]:
+        lines.append("command-prefix=eatmydata")
+    if overlay_dir:
+        lines.append(f"union-overlay-directory={overlay_dir}")
+    return "\n".join(lines) + "\n"
+
+
+def schroot_names(root: Path = Path("/"), skip: Optional[Path] = None) -> Dict[str, str]:
+    """Every schroot chroot name and alias, mapped to the chroot it names (files in
+    chroot.d in schroot's order, skip left out)."""
+    names: Dict[str, str] = {}
+    conf_dir = root / SCHROOT_CONF_DIR
+    files = [root / "etc/schroot/schroot.conf"]
+    with contextlib.suppress(OSError):
+        # schroot reads only names run-parts would run (no .dpkg-old, no backup~)
+        files += sorted(p for p in conf_dir.iterdir() if re.match(r"^[A-Za-z0-9_-]+$", p.name))
+    for path in files:
+        if path == skip:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        section = None
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+                names.setdefault(section, section)
+            elif line.startswith("aliases=") and section:
+                for alias in line[8:].split(","):
+                    if alias.strip():
+                        names.setdefault(alias.strip(), section)
+    return names
+
+
+def schroot_lookup(dist: str, arch: str, names: Dict[str, str]) -> Optional[Tuple[str, str]]:
+    """(name, chroot) that 'sbuild -d DIST' takes in schroot mode for a native build:
+    Sbuild::ChrootInfo::find tries DIST-ARCH-sbuild, DIST-sbuild, DIST-ARCH, DIST."""
+    for candidate in (f"{dist}-{arch}-sbuild", f"{dist}-sbuild", f"{dist}-{arch}", dist):
+        if candidate in names:
+            return candidate, names[candidate]
+    return None
+
+
+def schroot_shadow_message(recipe: Dict, winner: Optional[Tuple[str, str]]) -> Optional[str]:
+    """What to tell when 'sbuild -d DIST' would not build in sbuild-fast's schroot chroot."""
+    ours = f"{recipe['name']}-sbuild-fast"
+    if winner is not None and winner[1] == ours:
+        return None
+    taken = f"schroot chroot {winner[1]} (as {winner[0]})" if winner else "no schroot chroot"
+    return (
+        f"'sbuild -d {recipe['dist']}' uses {taken}, not {ours}: build with "
+        f"'sbuild -c {ours}', or remove that chroot and run 'sbuild-fast create --mode "
+        f"schroot --dist {recipe['dist']}' again"
+    )
+
+
+def all_states() -> List[Dict]:
+    states = read_states(user_cache_dir() / STATE_SUBDIR)
+    states += read_states(Path("/") / SCHROOT_STATE_DIR)
+    return states
+
+
+def describe(state: Dict, now: Optional[float] = None) -> Dict:
+    """A record as list and doctor show it. The age of a tarball is that of its file, as
+    sbuild 0.87 and later see it; a directory chroot's is that of its record."""
+    now = time.time() if now is None else now
+    path = Path(state["path"])
+    created = int(state.get("created") or 0)
+    modified = None
+    try:
+        real = path.resolve()
+        info = real.stat()
+        present = True
+        size = info.st_size if real.is_file() else None
+        if real.is_file():
+            modified = int(info.st_mtime)
+    except OSError:
+        size, present = None, False
+    since = modified if modified is not None else created
+    return {
+        "name": state["name"],
+        "dist": state["dist"],
+        "arch": state["arch"],
+        "mode": state["mode"],
+        "path": str(path),
+        "present": present,
+        "size_bytes": size,
+        "created": created,
+        "modified": modified,
+        "age_days": round((now - since) / 86400, 1),
+        "mirror": state.get("mirror"),
+        "include": state.get("include") or [],
+        "keep_docs": state.get("keep_docs", False),
+        "eatmydata": state.get("eatmydata", True),
+        "lintian": state.get("lintian"),  # None: a record from before lintian was asked
+    }
+
+
+def fs_of(path: Path) -> Tuple[Optional[str], str]:
+    """(fstype, options) of the filesystem holding path, from findmnt (last line wins)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    result = proc.run(["findmnt", "-n", "-o", "FSTYPE,FS-OPTIONS", "-T", str(probe)], check=False)
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    if result.returncode != 0 or not lines:
+        return None, ""
+    fstype, _, options = lines[-1].strip().partition(" ")
+    return fstype, options.strip()
+
+
+SCHROOT_OVERLAY_DIR = "/var/lib/schroot/union/overlay"  # schroot's union-overlay-directory
+
+
+def schroot_overlay_dirs(states: Sequence[Dict], root: Path = Path("/")) -> List[Path]:
+    """Where schroot sessions of the sbuild-fast chroots write: union-overlay-directory
+    from their definitions, schroot's default otherwise."""
+    dirs: List[Path] = []
+    for state in states:
+        if state["mode"] != "schroot":
+            continue
+        directory = SCHROOT_OVERLAY_DIR
+        conf = root / SCHROOT_CONF_DIR / f"sbuild-fast-{state['name']}"
+        with contextlib.suppress(OSError):
+            for line in conf.read_text(encoding="utf-8", errors="replace").splitlines():
+                key, _, value = line.strip().partition("=")
+                if key == "union-overlay-directory" and value.startswith("/"):
+                    directory = value
+        path = root / directory.lstrip("/")
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+# --- what each command in the chroot costs ------------------------------------------------
+
+# Commands sbuild runs in the chroot for one build of a small debhelper package (0.85, 0.89
+# and 0.91 alike, counted from --debug logs by bench/sbuild-fast).
+COMMANDS_PER_BUILD = 105
+COST_SAMPLES = 5
+
+# sbuild 0.85's own way into an unshare-mode chroot, timed around 'true': the user
+# namespace (perl, newuidmap, newgidmap) that sbuild makes afresh for every command.
+UNSHARE_COST_PERL = r"""
+use Sbuild::Utility; use Time::HiRes qw(time);
+my @idmap = read_subuid_subgid;
+my @cmd = get_unshare_cmd({UNSHARE_FLAGS => CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS
+    | CLONE_NEWIPC, FORK => 1, IDMAP => \@idmap});
+for (1 .. $ARGV[0]) {
+    my $t = time; system(@cmd, "true") == 0 or exit 1; printf "%.4f\n", time - $t }
+"""
+
+
+def _median(values: List[float]) -> Optional[float]:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def unshare_command_cost(sbuild_ver: Optional[str]) -> Optional[float]:
+    """Seconds sbuild's unshare mode spends entering the chroot's namespaces for each
+    command (a lower bound: the mounts and the chroot itself come on top), or None where
+    it cannot be timed: no subordinate ids, or sbuild >= 0.87, whose sbuild-usernsexec
+    needs an unpacked chroot."""
+    if not sbuild_ver or debver.at_least(sbuild_ver, "0.87"):
+        return None
+    result = proc.run(["perl", "-e", UNSHARE_COST_PERL, str(COST_SAMPLES)], check=False)
+    if result.returncode != 0:
+        return None
+    return _median([float(x) for x in result.stdout.split() if re.match(r"^[\d.]+$", x)])
+
+
+def schroot_command_cost(chroot: str) -> Optional[float]:
+    """Seconds per command in a session of schroot chroot chroot, as sbuild runs them
+    ('schroot -r -c SESSION -- ...'), or None when the caller cannot open a session."""
+    begin = proc.run(["schroot", "-b", "-c", chroot], check=False)
+    session = begin.stdout.strip()
+    if begin.returncode != 0 or not re.match(r"^[\w.:-]+$", session):
+        return None
+    try:
+        times = []
+        for _ in range(COST_SAMPLES):
+            start = time.monotonic()
+            if proc.run(["schroot", "-r", "-c", session, "--", "true"], check=False).returncode:
+                return None
+            times.append(time.monotonic() - start)
+        return _median(times)
+    finally:
+        proc.run(["schroot", "-e", "-c", session], check=False)
