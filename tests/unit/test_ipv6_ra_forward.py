@@ -817,3 +817,66 @@ def test_udev_source(tmp_path):
 def test_router_solicitation_on_missing_interface():
     with pytest.raises(Error, match="cannot send a router solicitation on nosuch0"):
         raf.send_router_solicitation("nosuch0")
+
+
+# --- one record of every uplink -------------------------------------------------------------
+
+
+def networkd_eth0(tmp_path, monkeypatch, network="[Match]\nName=eth0\n\n[Network]\n"):
+    """eth0 managed by systemd-networkd (runtime state), k0 by nobody; ROOT pointed there."""
+    root = make_root(tmp_path, {"eth0": (0, 0), "k0": (0, 1)}, fixture="networkd-state")
+    (root / "etc/systemd/network").mkdir(parents=True)
+    (root / "etc/systemd/network/50-eth0.network").write_text(network)
+    monkeypatch.setattr(raf, "ROOT", root)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    return root
+
+
+def test_disable_one_uplink_keeps_forwarding_for_a_networkd_uplink(tmp_path, monkeypatch):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=yes\n"
+    )
+    assert raf.main(["enable", "eth0", "k0"]) == 0
+    state = raf.parse_dropin((root / raf.DROPIN).read_text())
+    assert state.managed == {"eth0": owners.NETWORKD} and state.uplinks == ["k0"]
+    assert state.all_uplinks == ["eth0", "k0"]
+    assert sysctl(root, "eth0", "accept_ra") == 0  # networkd's own, untouched
+    assert raf.main(["disable", "k0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1  # eth0 is still an enabled uplink
+    assert sysctl(root, "k0", "accept_ra") == 1
+    state = raf.parse_dropin((root / raf.DROPIN).read_text())
+    assert state.managed == {"eth0": owners.NETWORKD} and state.uplinks == []
+    assert state.forwarding and state.saved_forwarding == 0
+    # The last uplink goes: enable had turned forwarding on, so it goes off again.
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 0 and not (root / raf.DROPIN).exists()
+
+
+def test_disable_never_turns_off_forwarding_it_did_not_turn_on(tmp_path, monkeypatch):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=yes\n"
+    )
+    (root / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1 and not (root / raf.DROPIN).exists()
+
+
+def test_refused_enable_writes_no_dropin(tmp_path, monkeypatch, capsys):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=no\n"
+    )
+    assert raf.main(["enable", "eth0"]) == 1
+    assert "IPv6 forwarding left off" in capsys.readouterr().out
+    assert not (root / raf.DROPIN).exists()
+    assert not list((root / "etc/sysctl.d").iterdir())
+    assert sysctl(root, "all", "forwarding") == 0
+
+
+def test_dropin_round_trip_with_managed_uplinks():
+    state = raf.Persisted(
+        ["k0"], True, {"k0": 1}, 0, {"eth0": owners.NETWORKD, "wl0": "NetworkManager"}
+    )
+    text = state.render()
+    assert "# uplink: eth0 systemd-networkd\n" in text
+    assert raf.parse_dropin(text) == state

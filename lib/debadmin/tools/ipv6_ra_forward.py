@@ -123,15 +123,24 @@ def ipv6_interfaces(root: Path = Path("/")) -> List[str]:
 
 @dataclass
 class Persisted:
-    """What the drop-in holds: the uplinks, forwarding, and the values enable replaced."""
+    """What the drop-in holds: the uplinks, forwarding, and the values enable replaced.
+
+    uplinks are those the kernel handles (an accept_ra = 2 line each); managed are the
+    uplinks whose router advertisements systemd-networkd or NetworkManager handle (a
+    comment line each, since no sysctl of ours applies to them). Both count as enabled:
+    disable turns forwarding off only when neither holds an uplink any more.
+    """
 
     uplinks: List[str] = field(default_factory=list)
     forwarding: bool = False
     saved_accept_ra: Dict[str, int] = field(default_factory=dict)
     saved_forwarding: Optional[int] = None
+    managed: Dict[str, str] = field(default_factory=dict)
 
     def render(self) -> str:
         lines = [GENERATED]
+        for name in sorted(self.managed):
+            lines.append(f"# uplink: {name} {self.managed[name]}\n")
         for name in sorted(self.saved_accept_ra):
             lines.append(f"# saved: {name} accept_ra={self.saved_accept_ra[name]}\n")
         if self.saved_forwarding is not None:
@@ -143,11 +152,26 @@ class Persisted:
         return "".join(lines)
 
     @property
+    def all_uplinks(self) -> List[str]:
+        """Every uplink enable was given, whoever handles its router advertisements."""
+        return sorted(set(self.uplinks) | set(self.managed))
+
+    @property
     def empty(self) -> bool:
-        return not self.uplinks and not self.forwarding
+        return not self.uplinks and not self.managed and not self.forwarding
+
+    def copy(self) -> "Persisted":
+        return Persisted(
+            list(self.uplinks),
+            self.forwarding,
+            dict(self.saved_accept_ra),
+            self.saved_forwarding,
+            dict(self.managed),
+        )
 
 
 SAVED = re.compile(r"^# saved: (\S+) (accept_ra|forwarding)=(-?\d+)$")
+MANAGED = re.compile(r"^# uplink: (\S+) (systemd-networkd|NetworkManager)$")
 
 
 def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
@@ -162,6 +186,10 @@ def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
                 state.saved_forwarding = int(value)
             elif key == "accept_ra":
                 state.saved_accept_ra[validate_ifname(name)] = int(value)
+            continue
+        managed = MANAGED.match(line)
+        if managed:
+            state.managed[validate_ifname(managed.group(1))] = managed.group(2)
             continue
         if not line or line[0] in "#;":
             continue
@@ -429,7 +457,7 @@ def collect_status(
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
     addresses, routes = ra_addresses(addr_json), ra_routes(route_json)
     routers = router_links(neigh_json)
-    persisted_uplinks = set(persisted.uplinks) if persisted else set()
+    persisted_uplinks = set(persisted.all_uplinks) if persisted else set()
     explicit = bool(names)
     interfaces, problems = [], []
     for name in names or ipv6_interfaces(root):
@@ -697,10 +725,7 @@ def plan_enable(
     snippets: List[str] = []
     solicit_on: List[str] = []
     previous = read_dropin(root) if persist else None
-    state = previous or Persisted()
-    state = Persisted(
-        list(state.uplinks), state.forwarding, dict(state.saved_accept_ra), state.saved_forwarding
-    )
+    state = (previous or Persisted()).copy()
     kernel_uplinks = []
     blocked = False
     for name in uplinks:
@@ -709,6 +734,9 @@ def plan_enable(
             if not manager_keeps_ra(root, owner):
                 snippets.append(snippet(owner, name))
                 blocked = True
+            else:
+                # Recorded like any other uplink: disable must know it is still enabled.
+                state.managed[name] = owner.name
             continue
         if ifupdown_conflicts(owner):
             snippets.append(snippet(owner, name))
@@ -737,7 +765,8 @@ def plan_enable(
             if state.saved_forwarding is None:
                 state.saved_forwarding = current_forwarding
         state.forwarding = True
-    if persist:
+    if persist and not state.empty:
+        # An empty state (every uplink refused) writes nothing, not a header-only file.
         text = state.render()
         if previous is None or previous.render() != text:
             # First: where /etc cannot be written, the running system stays untouched too;
@@ -772,7 +801,8 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
     previous = read_dropin(root)
     state = previous or Persisted()
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
-    remaining = [n for n in state.uplinks if n not in uplinks]
+    # Every uplink enable recorded counts, also those networkd or NetworkManager handle.
+    remaining = [n for n in state.all_uplinks if n not in uplinks]
     if (
         previous is not None
         and not remaining
@@ -800,10 +830,11 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
             steps.append(sysctl_step(root, name, "accept_ra", target, current))
     if persist and previous is not None:
         new = Persisted(
-            remaining,
+            [n for n in previous.uplinks if n in remaining],
             previous.forwarding,
             {k: v for k, v in previous.saved_accept_ra.items() if k in remaining},
             previous.saved_forwarding,
+            {k: v for k, v in previous.managed.items() if k in remaining},
         )
         if not remaining:
             steps.insert(0, dropin_step(root, None))
@@ -816,7 +847,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _unique_names(args.uplinks)
     persisted = read_dropin(root)
-    _require_present(root, uplinks, persisted.uplinks if persisted else ())
+    _require_present(root, uplinks, persisted.all_uplinks if persisted else ())
     with _lock(root, args.dry_run):
         steps, notes = plan_disable(root, uplinks, not args.no_persist)
         _run_steps(steps, args.dry_run)
