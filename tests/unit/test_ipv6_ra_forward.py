@@ -636,8 +636,8 @@ def test_networkd_link_without_network_file(tmp_path):
     (root / "etc/systemd/network/30-wan.network").write_text("[Match]\nName=eth*\n")
     owner = owners.detect(root, "eth0")
     assert owner.source.endswith("etc/systemd/network/30-wan.network")
-    assert "/etc/systemd/network/30-wan.network.d/ipv6-ra-forward.conf" in raf.snippet(
-        owner, "eth0"
+    assert "/etc/systemd/network/30-wan.network.d/60-ipv6-ra-forward.conf" in raf.snippet(
+        owner, "eth0", root
     )
 
 
@@ -648,8 +648,9 @@ def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(raf, "solicit", sent.append)
     assert raf.main(["enable", "enp1s0", "lan0"]) == 1
     out = capsys.readouterr().out
-    assert "/etc/systemd/network/10-uplink.network.d/ipv6-ra-forward.conf" in out
-    assert "[Network]\nIPv6AcceptRA=yes\n" in out
+    assert "/etc/systemd/network/10-uplink.network.d/60-ipv6-ra-forward.conf" in out
+    assert "(IPv6AcceptRA=no)" in out
+    assert "[Network]\nIPv6AcceptRA=yes\nIPForward=ipv6\n" in out  # no dpkg status: as 252
     assert "IPv6 forwarding left off" in out
     assert sysctl(root, "enp1s0", "accept_ra") == 0  # networkd's, untouched
     assert sysctl(root, "lan0", "accept_ra") == 2
@@ -880,3 +881,113 @@ def test_dropin_round_trip_with_managed_uplinks():
     text = state.render()
     assert "# uplink: eth0 systemd-networkd\n" in text
     assert raf.parse_dropin(text) == state
+
+
+# --- networkd as networkd behaves -----------------------------------------------------------
+
+
+def dpkg_systemd(root, version):
+    (root / "var/lib/dpkg").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dpkg/status").write_text(
+        "Package: libc6\nStatus: install ok installed\nVersion: 2.36-9\n\n"
+        f"Package: systemd\nStatus: install ok installed\nVersion: {version}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "version,settings,handles",
+    [
+        ("252.39-1~deb12u1", "", True),  # no setting: RAs kept with forwarding by sysctl
+        ("257.9-1~deb13u1", "", True),
+        ("252.39-1~deb12u1", "IPForward=yes", False),
+        ("252.39-1~deb12u1", "IPForward=ipv6", False),
+        ("252.39-1~deb12u1", "IPForward=ipv4", True),
+        ("252.39-1~deb12u1", "IPMasquerade=both", False),
+        ("252.39-1~deb12u1", "IPMasquerade=ipv4", True),
+        ("252.39-1~deb12u1", "IPv6SendRA=yes", True),  # 252 does not tie RAs to it
+        ("252.39-1~deb12u1", "IPForward=yes\nIPv6AcceptRA=yes", True),
+        ("257.9-1~deb13u1", "IPForward=yes", True),  # ignored since 256
+        ("257.9-1~deb13u1", "IPv6Forwarding=yes", False),
+        ("257.9-1~deb13u1", "IPv6Forwarding=no\nIPMasquerade=ipv6", True),
+        ("257.9-1~deb13u1", "IPMasquerade=ipv6", False),
+        ("257.9-1~deb13u1", "IPv6SendRA=yes", False),
+        ("257.9-1~deb13u1", "IPv6SendRA=yes\nIPv6AcceptRA=yes", True),
+        ("257.9-1~deb13u1", "IPv6AcceptRA=no", False),
+    ],
+)
+def test_networkd_ra_verdict(tmp_path, version, settings, handles):
+    root = tmp_path
+    dpkg_systemd(root, version)
+    network = root / "etc/systemd/network/10-wan.network"
+    network.parent.mkdir(parents=True)
+    network.write_text(f"[Match]\nName=wan0\n\n[Network]\n{settings}\n")
+    major = owners.systemd_version(root)
+    assert major == int(version[:3])
+    assert owners.networkd_ra_verdict(root, network, major)[0] is handles
+
+
+def test_networkd_global_forwarding_257(tmp_path):
+    dpkg_systemd(tmp_path, "257.9-1~deb13u1")
+    network = tmp_path / "etc/systemd/network/10-wan.network"
+    network.parent.mkdir(parents=True)
+    network.write_text("[Match]\nName=wan0\n")
+    (tmp_path / "etc/systemd/networkd.conf.d").mkdir(parents=True)
+    (tmp_path / "etc/systemd/networkd.conf.d/fw.conf").write_text(
+        "[Network]\nIPv6Forwarding=yes\n"
+    )
+    handles, why = owners.networkd_ra_verdict(tmp_path, network, 257)
+    assert not handles and "networkd.conf" in why
+    # 252 has no such global setting.
+    assert owners.networkd_ra_verdict(tmp_path, network, 252)[0]
+
+
+@pytest.mark.parametrize(
+    "version,existing,expected",
+    [
+        (252, "", "IPv6AcceptRA=yes\nIPForward=ipv6\n"),
+        (252, "IPForward=ipv4", "IPv6AcceptRA=yes\nIPForward=yes\n"),  # IPv4 stays on
+        (257, "IPForward=ipv4", "IPv6AcceptRA=yes\nIPv6Forwarding=yes\n"),
+    ],
+)
+def test_networkd_native_text(tmp_path, version, existing, expected):
+    network = tmp_path / "10-wan.network"
+    network.write_text(f"[Match]\nName=wan0\n[Network]\n{existing}\n")
+    text, native = owners.networkd_native(tmp_path, network, version)
+    assert text == "[Network]\n" + expected and not native
+
+
+@pytest.mark.parametrize(
+    "version,key", [("252.39-1", "IPForward=ipv6"), ("257.9-1", "IPv6Forwarding=yes")]
+)
+def test_enable_networkd_writes_the_native_dropin(tmp_path, monkeypatch, capsys, version, key):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPMasquerade=both\n"
+    )
+    dpkg_systemd(root, version)
+    assert raf.main(["enable", "eth0", "k0"]) == 1  # advice, forwarding left off
+    out = capsys.readouterr().out
+    assert "IPMasquerade=both without IPv6AcceptRA=yes" in out and key in out
+    assert "enable --networkd" in out
+    assert sysctl(root, "all", "forwarding") == 0
+    assert raf.main(["enable", "--networkd", "eth0", "k0"]) == 0
+    out = capsys.readouterr().out
+    dropin = root / "etc/systemd/network/50-eth0.network.d/60-ipv6-ra-forward.conf"
+    assert f"IPv6AcceptRA=yes\n{key}\n" in dropin.read_text()
+    assert "skipped: run networkctl reload: systemd-networkd is not running" in out
+    assert sysctl(root, "all", "forwarding") == 1 and sysctl(root, "eth0", "accept_ra") == 0
+    assert raf.parse_dropin((root / raf.DROPIN).read_text()).managed == {"eth0": owners.NETWORKD}
+    capsys.readouterr()
+    assert raf.main(["enable", "--networkd", "eth0", "k0"]) == 0
+    assert capsys.readouterr().out == "nothing to change\n"
+    assert raf.main(["disable", "k0"]) == 0
+    assert dropin.exists() and sysctl(root, "all", "forwarding") == 1
+    assert raf.main(["disable", "eth0"]) == 0
+    assert not dropin.exists() and sysctl(root, "all", "forwarding") == 0
+
+
+def test_enable_networkd_without_settings_needs_no_advice(tmp_path, monkeypatch, capsys):
+    # networkd 252 and 257 keep handling RAs with forwarding on by sysctl.
+    root = networkd_eth0(tmp_path, monkeypatch)
+    dpkg_systemd(root, "257.9-1")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1 and sysctl(root, "eth0", "accept_ra") == 0

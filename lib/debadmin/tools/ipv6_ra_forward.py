@@ -286,23 +286,47 @@ def solicit(ifname: str) -> bool:
 # --- snippets for the managers we do not fight --------------------------------------------
 
 
-def snippet(owner: owners.Owner, ifname: str) -> str:
+NETWORKD_DROPIN_NAME = "60-ipv6-ra-forward.conf"
+
+
+def networkd_path(root: Path, owner: owners.Owner) -> Optional[Path]:
+    """The .network file (under root) that configures a networkd link, if any."""
+    source = owner.source or ""
+    if owner.name != owners.NETWORKD or not source.endswith(".network"):
+        return None
+    return Path(source) if source.startswith(str(root)) else root / source.lstrip("/")
+
+
+def networkd_dropin(root: Path, owner: owners.Owner) -> Optional[Path]:
+    """Where ipv6-ra-forward's networkd drop-in for this link goes (always under /etc)."""
+    path = networkd_path(root, owner)
+    if path is None:
+        return None
+    return root / "etc/systemd/network" / f"{path.name}.d" / NETWORKD_DROPIN_NAME
+
+
+def snippet(owner: owners.Owner, ifname: str, root: Path = Path("/")) -> str:
     if owner.name == owners.NETWORKD:
-        if not (owner.source or "").endswith(".network"):
+        version = owners.systemd_version(root)
+        path = networkd_path(root, owner)
+        text, _ = owners.networkd_native(root, path, version)
+        _, why = owners.networkd_ra_verdict(root, path, version)
+        if path is None:
             # A drop-in would extend a file that does not exist: give the whole file.
             return (
                 f"# systemd-networkd manages {ifname} ({owner.source}) but no .network file\n"
-                f"# matches it; it needs IPv6AcceptRA=yes explicitly when forwarding.\n"
-                f"# /etc/systemd/network/50-{ifname}.network, then 'networkctl reload':\n"
-                f"[Match]\nName={ifname}\n\n[Network]\nIPv6AcceptRA=yes\n"
+                f"# matches it. So that networkd both forwards and keeps handling router\n"
+                f"# advertisements, /etc/systemd/network/50-{ifname}.network, then"
+                f" 'networkctl reload':\n"
+                f"[Match]\nName={ifname}\n\n{text}"
             )
-        base = Path(owner.source).name
+        dropin = f"/etc/systemd/network/{path.name}.d/{NETWORKD_DROPIN_NAME}"
         return (
-            f"# systemd-networkd manages {ifname} ({owner.source}); it handles router\n"
-            f"# advertisements itself and needs IPv6AcceptRA=yes explicitly when forwarding.\n"
-            f"# /etc/systemd/network/{base}.d/ipv6-ra-forward.conf, then"
-            f" 'networkctl reload':\n"
-            f"[Network]\nIPv6AcceptRA=yes\n"
+            f"# systemd-networkd manages {ifname} ({owner.source}) and ignores its router\n"
+            f"# advertisements ({why}). So that networkd both forwards and keeps them,\n"
+            f"# run 'ipv6-ra-forward enable --networkd ...' or write"
+            f" {dropin}, then 'networkctl reload':\n"
+            f"{text}"
         )
     if owner.name == owners.NETWORKMANAGER:
         conn = shlex.quote(owner.connection) if owner.connection else "CONNECTION"
@@ -322,11 +346,10 @@ def snippet(owner: owners.Owner, ifname: str) -> str:
 
 
 def manager_keeps_ra(root: Path, owner: owners.Owner) -> bool:
-    """Whether networkd or NetworkManager already keeps accepting RAs with forwarding on."""
+    """Whether networkd or NetworkManager keeps accepting RAs with forwarding on."""
     if owner.name == owners.NETWORKD:
-        source = owner.source or ""
-        path = Path(source) if source.startswith(str(root)) else root / source.lstrip("/")
-        return source.endswith(".network") and owners.networkd_accepts_ra(root, path)
+        version = owners.systemd_version(root)
+        return owners.networkd_ra_verdict(root, networkd_path(root, owner), version)[0]
     if owner.name == owners.NETWORKMANAGER:
         # NetworkManager runs its own RA client; only its ipv6.method decides.
         return owner.ipv6_method == "auto"
@@ -493,12 +516,19 @@ def collect_status(
             problems.append({"interface": name, "kind": kind, "message": message})
 
         if owner.handles_ra_itself:
-            if global_forwarding and not manager_keeps_ra(root, owner):
+            # networkd's verdict does not depend on the forwarding sysctl: its own settings
+            # (IPv6Forwarding=...) stop its RA client whatever the kernel forwards.
+            relevant = global_forwarding or owner.name == owners.NETWORKD
+            if relevant and not manager_keeps_ra(root, owner):
                 if owner.name == owners.NETWORKD:
+                    _, why = owners.networkd_ra_verdict(
+                        root, networkd_path(root, owner), owners.systemd_version(root)
+                    )
                     problem(
                         "networkd-ra",
-                        f"forwarding is on and systemd-networkd manages {name} without "
-                        f"IPv6AcceptRA=yes ({owner.source}): it ignores router advertisements",
+                        f"systemd-networkd manages {name} and ignores its router "
+                        f"advertisements ({why}, {owner.source}): enable --networkd gives it "
+                        f"IPv6AcceptRA=yes and networkd's own forwarding",
                     )
                 else:
                     problem(
@@ -644,6 +674,13 @@ def dropin_step(root: Path, text: Optional[str]) -> Step:
     return Step(f"write {path}", lambda: fsutil.atomic_write(path, text), restore)
 
 
+def file_removal_step(path: Path) -> Step:
+    old = path.read_bytes()
+    return Step(
+        f"remove {path}", lambda: fsutil.remove_file(path), lambda: fsutil.atomic_write(path, old)
+    )
+
+
 def solicit_step(name: str) -> Step:
     def action() -> None:
         if not solicit(name):
@@ -714,14 +751,72 @@ def _run_steps(steps: List[Step], dry_run: bool) -> None:
         print(line, flush=True)
 
 
+def networkd_native_step(root: Path, owner: owners.Owner, ifname: str) -> Optional[Step]:
+    """Write networkd's native configuration for ifname, or None when it is there already.
+
+    Refused (an error) when no .network file matches the link: a drop-in would extend
+    nothing, and writing a whole .network file is the admin's decision.
+    """
+    path = networkd_path(root, owner)
+    dropin = networkd_dropin(root, owner)
+    if path is None or dropin is None:
+        raise Error(
+            f"systemd-networkd manages {ifname} but no .network file matches it"
+            f" ({owner.source}): --networkd needs one to extend"
+        )
+    text, native = owners.networkd_native(root, path, owners.systemd_version(root))
+    if native:
+        return None
+    content = f"# Written by ipv6-ra-forward enable --networkd; removed by disable.\n{text}"
+    try:
+        old: Optional[bytes] = dropin.read_bytes()
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise Error(f"cannot read {dropin}: {exc.strerror}") from None
+
+    def write() -> None:
+        dropin.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fsutil.atomic_write(dropin, content)
+
+    def restore() -> None:
+        if old is None:
+            fsutil.remove_file(dropin)
+        else:
+            fsutil.atomic_write(dropin, old)
+
+    return Step(f"write {dropin} ({ifname}: networkd's own configuration)", write, restore)
+
+
+def networkd_running(root: Path) -> bool:
+    return root == Path("/") and (root / "run/systemd/netif/links").is_dir()
+
+
+def networkd_reload_step(root: Path) -> Step:
+    """'networkctl reload': networkd reconfigures the links whose .network changed."""
+
+    def action() -> None:
+        if not networkd_running(root):
+            raise Skipped("systemd-networkd is not running; it reads the files when it starts")
+        proc.run(["networkctl", "reload"], timeout=60)
+
+    return Step("run networkctl reload", action)
+
+
 def plan_enable(
     root: Path,
     uplinks: List[str],
     forwarding: bool,
     persist: bool,
+    networkd: bool = False,
 ) -> Tuple[List[Step], List[str], List[str]]:
-    """The steps of enable in their order, the uplinks to solicit on, and the snippets."""
+    """The steps of enable in their order, the uplinks to solicit on, and the snippets.
+
+    With networkd, a link that systemd-networkd manages gets networkd's own configuration
+    (a drop-in with IPv6AcceptRA=yes and its forwarding setting) instead of advice.
+    """
     steps: List[Step] = []
+    networkd_steps: List[Step] = []
     snippets: List[str] = []
     solicit_on: List[str] = []
     previous = read_dropin(root) if persist else None
@@ -731,15 +826,21 @@ def plan_enable(
     for name in uplinks:
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
+            if networkd and owner.name == owners.NETWORKD:
+                step = networkd_native_step(root, owner, name)
+                if step is not None:
+                    networkd_steps.append(step)
+                    state.managed[name] = owner.name
+                    continue
             if not manager_keeps_ra(root, owner):
-                snippets.append(snippet(owner, name))
+                snippets.append(snippet(owner, name, root))
                 blocked = True
             else:
                 # Recorded like any other uplink: disable must know it is still enabled.
                 state.managed[name] = owner.name
             continue
         if ifupdown_conflicts(owner):
-            snippets.append(snippet(owner, name))
+            snippets.append(snippet(owner, name, root))
         kernel_uplinks.append(name)
         current = read_sysctl(root, name, "accept_ra")
         if current != 2 or name not in state.uplinks:
@@ -772,6 +873,12 @@ def plan_enable(
             # First: where /etc cannot be written, the running system stays untouched too;
             # where a sysctl write fails later, _run_steps puts the old file back.
             steps.insert(0, dropin_step(root, text))
+    if networkd_steps:
+        # networkd's configuration before any sysctl: a failure leaves the system as it was.
+        networkd_steps.append(networkd_reload_step(root))
+        steps[
+            1 if persist and steps and steps[0].text.startswith("write ") else 0 : 0
+        ] = networkd_steps
     for name in solicit_on:
         steps.append(solicit_step(name))
     return steps, solicit_on, snippets
@@ -783,7 +890,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
     _require_present(root, uplinks)
     with _lock(root, args.dry_run):
         steps, _, snippets = plan_enable(
-            root, uplinks, not args.no_forwarding, not args.no_persist
+            root, uplinks, not args.no_forwarding, not args.no_persist, args.networkd
         )
         _run_steps(steps, args.dry_run)
     if not steps:
@@ -796,6 +903,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
 def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[Step], List[str]]:
     """The steps of disable, and notes on what it leaves alone."""
     steps: List[Step] = []
+    networkd_steps: List[Step] = []
     notes: List[str] = []
     # Read with --no-persist too: the recorded values are what the running system gets back.
     previous = read_dropin(root)
@@ -814,7 +922,11 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
         if not sysctl_path(root, name, "accept_ra").exists():
             notes.append(f"skipped: restore accept_ra on {name}: the interface is not present")
             continue
-        if name not in state.saved_accept_ra and owners.detect(root, name).handles_ra_itself:
+        owner = owners.detect(root, name)
+        dropin = networkd_dropin(root, owner)
+        if dropin is not None and dropin.exists():
+            networkd_steps.append(file_removal_step(dropin))
+        if name not in state.saved_accept_ra and owner.handles_ra_itself:
             log.info("%s is managed by its network manager: accept_ra left alone", name)
             continue
         if name in state.saved_accept_ra:
@@ -840,6 +952,8 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
             steps.insert(0, dropin_step(root, None))
         elif new.render() != previous.render():
             steps.insert(0, dropin_step(root, new.render()))
+    if networkd_steps and persist:
+        steps.extend([*networkd_steps, networkd_reload_step(root)])
     return steps, notes
 
 
@@ -1061,6 +1175,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-persist", action="store_true", help=f"change the running system only, not /{DROPIN}"
+    )
+    p.add_argument(
+        "--networkd",
+        action="store_true",
+        help="give uplinks that systemd-networkd manages networkd's own configuration "
+        "(IPv6AcceptRA=yes and its forwarding setting, in a drop-in), then networkctl reload",
     )
     p.add_argument(
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
