@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 from pathlib import Path
 
 import pytest
@@ -744,6 +745,7 @@ def run_watch(monkeypatch, monitor, *argv):
     handlers watch installs are put back afterwards."""
     monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
     monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
+    monkeypatch.setattr(raf, "rtnetlink_socket", lambda: None)
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
     try:
         return raf.main(["watch", *argv])
@@ -991,3 +993,68 @@ def test_enable_networkd_without_settings_needs_no_advice(tmp_path, monkeypatch,
     dpkg_systemd(root, "257.9-1")
     assert raf.main(["enable", "eth0"]) == 0
     assert sysctl(root, "all", "forwarding") == 1 and sysctl(root, "eth0", "accept_ra") == 0
+
+
+# --- watch: accept_ra lowered by an ifup, names its globs match ------------------------------
+
+
+def nlmsg(kind, payload):
+    return struct.pack("=IHHII", 16 + len(payload), kind, 0, 0, 0) + payload
+
+
+def test_netlink_indexes():
+    link = nlmsg(raf.RTM_NEWLINK, struct.pack("=BBHiII", 0, 0, 1, 7, 0x1003, 0))
+    addr = nlmsg(raf.RTM_NEWADDR, struct.pack("=BBBBI", 10, 64, 0, 0, 9) + b"\0" * 3)
+    netconf = nlmsg(raf.RTM_NEWNETCONF, struct.pack("=B", 10) + b"\0" * 3)
+    route = nlmsg(24, b"\0" * 12)  # RTM_NEWROUTE: not subscribed, ignored anyway
+    assert raf.netlink_indexes(link + addr) == {7, 9}
+    assert raf.netlink_indexes(route + netconf) == {raf.ALL}
+    assert raf.netlink_indexes(link[:20]) == set()  # truncated: nothing made up
+
+
+def test_recheck_raises_accept_ra_an_ifup_lowered(host, capsys):
+    config = raf.Config(["eth*"], True)
+    raf.apply_existing(host, config, False)
+    host.sent.clear()
+    (host / raf.CONF_DIR / "eth0/accept_ra").write_text("1\n")  # ifupdown's 'accept_ra 1'
+    assert raf.recheck(host, config, {raf.ALL}, False) == ["eth0"]
+    assert sysctl(host, "eth0", "accept_ra") == 2 and host.sent == ["eth0"]
+    assert "eth0: set accept_ra=2 (was 1 after something lowered it)" in capsys.readouterr().out
+    assert raf.recheck(host, config, {raf.ALL}, False) == []
+
+
+def test_watch_leaves_names_enable_refuses(host, capsys, caplog):
+    for name in ("eth$(id)", "eth0;x"):
+        (host / raf.CONF_DIR / name).mkdir()
+        (host / raf.CONF_DIR / name / "accept_ra").write_text("1\n")
+        (host / raf.CONF_DIR / name / "forwarding").write_text("0\n")
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth*"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "eth$(id)", "accept_ra") == 1 and sysctl(host, "eth0;x", "accept_ra") == 1
+    assert sysctl(host, "eth0", "accept_ra") == 2
+    assert "ignored: invalid interface name: 'eth$(id)'" in caplog.text
+    assert raf.recheck(host, raf.Config(["eth*"]), {raf.ALL}, False) == []
+    assert sysctl(host, "eth$(id)", "accept_ra") == 1
+
+
+def test_watch_keeps_the_uplinks_enable_recorded(host, capsys):
+    assert raf.main(["enable", "--no-forwarding", "lan0"]) == 0
+    config = raf.watched(host, raf.Config([], True))
+    assert config.uplinks == ["lan0"] and not config.forwarding  # forwarding as recorded
+    assert raf.watched(host, raf.Config(["eth0"], True)).uplinks == ["eth0", "lan0"]
+
+
+def test_boot_units():
+    apply = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward-apply.service").read_text()
+    watch = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward.service").read_text()
+    for line in (
+        "Type=oneshot",
+        "Before=network-pre.target",
+        "Wants=network-pre.target",
+        "DefaultDependencies=no",
+    ):
+        assert f"\n{line}" in apply
+    assert "\nExecStart=/usr/bin/ipv6-ra-forward watch --once\n" in apply
+    assert "\nWants=ipv6-ra-forward-apply.service\n" in watch
+    assert "\nAfter=ipv6-ra-forward-apply.service" in watch

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import select
 import shlex
 import signal
 import sys
@@ -985,8 +986,9 @@ def wait_for_sysctl(root: Path, ifname: str, timeout: float = 2.0) -> bool:
     return True
 
 
-def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
-    """accept_ra=2 on an uplink that appeared, then a solicitation; True if it changed."""
+def configure_new(root: Path, ifname: str, dry_run: bool, lowered: Optional[int] = None) -> bool:
+    """accept_ra=2 on an uplink that appeared (or whose accept_ra was lowered), then a
+    solicitation; True if it changed."""
     try:
         validate_ifname(ifname)
     except Error as exc:
@@ -1014,7 +1016,8 @@ def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
     except Error as exc:  # the interface went away again
         log.warning("%s", exc)
         return False
-    print(f"{ifname}: set accept_ra=2 (was {current})", flush=True)
+    why = " after something lowered it" if lowered is not None else ""
+    print(f"{ifname}: set accept_ra=2 (was {current}{why})", flush=True)
     if link_is_up(root, ifname):
         solicit(ifname)
     else:
@@ -1052,9 +1055,37 @@ def watch_config(root: Path, args: argparse.Namespace) -> Config:
     return config
 
 
+def valid_names(names: Iterable[str]) -> List[str]:
+    """The names enable would accept; the others are left alone with a warning."""
+    good = []
+    for name in names:
+        try:
+            good.append(validate_ifname(name))
+        except Error as exc:
+            log.warning("ignored: %s", exc)
+    return good
+
+
+def watched(root: Path, config: Config) -> Config:
+    """What watch keeps: UPLINKS, plus the kernel uplinks enable recorded in the drop-in
+    (an ifup that writes accept_ra 1 must not undo those either). Forwarding follows
+    FORWARDING when UPLINKS is set, else the drop-in (systemd-sysctl applies it)."""
+    try:
+        persisted = read_dropin(root)
+    except Error as exc:
+        log.warning("%s", exc)
+        persisted = None
+    if persisted is None or not persisted.uplinks:
+        return config
+    extra = [n for n in persisted.uplinks if n not in config.uplinks]
+    if not config.uplinks:
+        return Config(extra, persisted.forwarding)
+    return Config(config.uplinks + extra, config.forwarding)
+
+
 def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
     """What enable --no-persist does, for the existing interfaces that match UPLINKS."""
-    existing = [n for n in ipv6_interfaces(root) if matches(config.uplinks, n)]
+    existing = valid_names(n for n in ipv6_interfaces(root) if matches(config.uplinks, n))
     if existing:
         steps, _, snippets = plan_enable(root, existing, config.forwarding, persist=False)
         _run_steps(steps, dry_run)
@@ -1064,6 +1095,99 @@ def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
         current = read_sysctl(root, "all", "forwarding")
         if current != 1:
             _run_steps([sysctl_step(root, "all", "forwarding", 1, current)], dry_run)
+
+
+# --- rtnetlink: an ifup, NetworkManager or networkd lowering accept_ra ------------------------
+#
+# No event says "accept_ra changed": RTM_NEWNETCONF carries forwarding, proxy_ndp and
+# mc_forwarding only. But whoever lowers accept_ra on an uplink does it while configuring
+# the link: ifupdown writes accept_ra, then sets the link up (RTM_NEWLINK) and the kernel
+# adds its link-local address (RTM_NEWADDR); ifdown/ifup, NetworkManager and networkd
+# reconfiguring a link change its flags and addresses the same way. So watch re-reads
+# accept_ra of a matching uplink on every link or IPv6 address event for it, and of every
+# matching uplink on an IPv6 netconf event (forwarding switched) and once a minute (a bare
+# 'sysctl -w' raises no event).
+
+NETLINK_ROUTE = 0
+SOL_NETLINK = 270
+NETLINK_ADD_MEMBERSHIP = 1
+RTNLGRP_LINK = 1
+RTNLGRP_IPV6_IFADDR = 9
+RTNLGRP_IPV6_NETCONF = 25
+RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_DELADDR = 16, 17, 20, 21
+RTM_NEWNETCONF = 80
+RECHECK_SECONDS = 60.0
+ALL = -1  # "every uplink" in the result of netlink_indexes
+
+
+def rtnetlink_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
+    sock.bind((0, 0))
+    for group in (RTNLGRP_LINK, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_NETCONF):
+        sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)
+    return sock
+
+
+def netlink_indexes(data: bytes) -> set:
+    """The interface indexes that rtnetlink messages are about; ALL for a netconf one.
+
+    struct nlmsghdr (16 bytes: len, type, flags, seq, pid), then struct ifinfomsg
+    (family, pad, type, index, ...) or struct ifaddrmsg (family, prefixlen, flags, scope,
+    index): either way the index is the 32-bit word 4 bytes into the payload.
+    """
+    found = set()
+    offset = 0
+    while offset + 16 <= len(data):
+        length, kind = struct.unpack_from("=IH", data, offset)
+        if length < 16 or offset + length > len(data):
+            break
+        if kind in (RTM_NEWLINK, RTM_NEWADDR, RTM_DELADDR) and length >= 24:
+            found.add(struct.unpack_from("=i", data, offset + 20)[0])
+        elif kind == RTM_NEWNETCONF:
+            found.add(ALL)
+        offset += (length + 3) & ~3
+    return found
+
+
+def drain_netlink(sock: socket.socket) -> set:
+    found: set = set()
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return found
+        except OSError as exc:  # ENOBUFS: events were lost; look at everything
+            log.info("rtnetlink: %s: checking every uplink", exc.strerror or exc)
+            return {ALL}
+        found |= netlink_indexes(data)
+
+
+def recheck(root: Path, config: Config, indexes: set, dry_run: bool) -> List[str]:
+    """Raise accept_ra back to 2 on matching uplinks that lost it; the names changed."""
+    if ALL in indexes:
+        names = [n for n in ipv6_interfaces(root) if matches(config.uplinks, n)]
+    else:
+        names = []
+        for index in sorted(indexes):
+            try:
+                name = socket.if_indextoname(index)
+            except OSError:
+                continue  # gone again
+            if matches(config.uplinks, name):
+                names.append(name)
+    changed = []
+    for name in valid_names(names):
+        try:
+            current = read_sysctl(root, name, "accept_ra")
+        except Error:
+            continue
+        if current == 2:
+            continue
+        if owners.detect(root, name).handles_ra_itself:
+            continue  # networkd and NetworkManager own accept_ra (0) on their links
+        if configure_new(root, name, dry_run, lowered=current):
+            changed.append(name)
+    return changed
 
 
 def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config:
@@ -1092,17 +1216,19 @@ def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config
 
 def cmd_watch(args: argparse.Namespace) -> int:
     root = ROOT
-    config = watch_config(root, args)
+    config = watched(root, watch_config(root, args))
     if not config.uplinks:
         print(f"no uplinks configured (UPLINKS in {root / DEFAULTS_FILE}): nothing to watch")
         return EXIT_OK
     source = udev_source(root)
     monitor = None
+    rtnl = None
     if not args.once:
         # Listen before looking at the existing interfaces, so that none slips between.
         monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
         monitor.filter_by("net")
         monitor.start()
+        rtnl = rtnetlink_socket()
     stop: List[bool] = []
     reload: List[bool] = []
     if not args.once:
@@ -1121,21 +1247,43 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return EXIT_OK
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
     print(f"watching for {' '.join(config.uplinks)}", flush=True)
+    try:
+        watch_loop(root, args, config, monitor, rtnl, stop, reload)
+    finally:
+        if rtnl is not None:
+            rtnl.close()
+    return EXIT_OK
+
+
+def watch_loop(root, args, config, monitor, rtnl, stop, reload) -> None:
+    """uevents for new and renamed interfaces; rtnetlink events (and a periodic look) for
+    uplinks whose accept_ra something lowered."""
+    next_recheck = time.monotonic() + RECHECK_SECONDS
     while not stop:
         if reload:
             reload.clear()
-            config = reload_watch(root, args, config)
+            config = watched(root, reload_watch(root, args, config))
             continue
-        try:
-            device = monitor.poll(timeout=1)
-        except InterruptedError:
-            continue
-        if device is None or device.action not in ("add", "move"):
-            continue
-        name = device.sys_name
-        if matches(config.uplinks, name):
-            configure_new(root, name, args.dry_run)
-    return EXIT_OK
+        if rtnl is not None:
+            ready = select.select([monitor, rtnl], [], [], 1.0)[0]
+        else:  # tests: a stand-in monitor without a file descriptor
+            ready = [monitor]
+        indexes = drain_netlink(rtnl) if rtnl is not None and rtnl in ready else set()
+        if monitor in ready:
+            while True:
+                device = monitor.poll(timeout=0)
+                if device is None:
+                    break
+                if device.action in ("add", "move") and matches(config.uplinks, device.sys_name):
+                    configure_new(root, device.sys_name, args.dry_run)
+        if time.monotonic() >= next_recheck:
+            indexes.add(ALL)
+            next_recheck = time.monotonic() + RECHECK_SECONDS
+        if indexes:
+            try:
+                recheck(root, config, indexes, args.dry_run)
+            except Error as exc:
+                log.warning("%s", exc)
 
 
 # --- command line ---------------------------------------------------------------------------
