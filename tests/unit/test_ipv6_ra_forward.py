@@ -246,7 +246,7 @@ def test_accepts_ra_as_the_kernel(accept_ra, forwarding, accepted):
 def test_status_odd_accept_ra_values(tmp_path):
     root = make_root(tmp_path, {"up3": (1, 3), "upm": (0, -1)}, forwarding=1)
     report = raf.collect_status(root, ["up3", "upm"], [], [], [], raf.Config(), None)
-    kinds = {p["interface"]: (p["kind"], p["message"]) for p in report["problems"]}
+    kinds = {p["subject"]: (p["code"], p["message"]) for p in report["findings"]}
     assert kinds["up3"][0] == "ra-ignored" and "accept_ra=3" in kinds["up3"][1]
     assert "upm" not in kinds  # -1 without forwarding: the kernel accepts RAs
 
@@ -268,7 +268,7 @@ def test_status_explains_the_problem(tmp_path):
     neigh = json.loads((DATA / "ip-neigh.json").read_text())
     report = raf.collect_status(root, [], addr, route, neigh, raf.Config(), None)
     assert not report["ok"] and report["forwarding"]
-    messages = {p["interface"]: p["message"] for p in report["problems"]}
+    messages = {p["subject"]: p["message"] for p in report["findings"]}
     assert messages["up0"] == (
         "forwarding is on and up0 has accept_ra=1: its RA default " "route will be dropped"
     )
@@ -297,7 +297,9 @@ def test_status_cli_json(host, monkeypatch, capsys):
     (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
     assert raf.main(["status", "--json", "eth0"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["problems"][0]["kind"] == "ra-ignored"
+    f = report["findings"][0]
+    assert list(f)[:4] == ["code", "severity", "subject", "message"]
+    assert (f["code"], f["severity"], f["subject"]) == ("ra-ignored", "action", "eth0")
     assert raf.main(["status", "nosuch0"]) == 2
     assert "no IPv6 interface nosuch0" in capsys.readouterr().err
 
@@ -591,7 +593,7 @@ def test_ifupdown_enable_and_status(tmp_path, monkeypatch, capsys):
     assert raf.main(["enable", "dhcp0"]) == 1
     assert "'iface dhcp0 inet6' stanza" in capsys.readouterr().out
     report = raf.collect_status(root, ["dhcp0", "gw0"], [], [], [], raf.Config(), None)
-    messages = [p["message"] for p in report["problems"] if p["kind"] == "ifupdown"]
+    messages = [p["message"] for p in report["findings"] if p["code"] == "ifupdown"]
     assert any(m.startswith("ifupdown sets accept_ra=1 on dhcp0 at ifup") for m in messages)
     assert any(m.startswith("ifupdown sets accept_ra=0 on gw0 at ifup") for m in messages)
 
@@ -601,7 +603,7 @@ def test_status_trusts_ifupdown_auto_to_set_2(tmp_path):
     (root / "etc/network").mkdir(parents=True)
     (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
     report = raf.collect_status(root, ["auto0", "eth9"], [], [], [], raf.Config(), None)
-    assert [(p["interface"], p["kind"]) for p in report["problems"]] == [("eth9", "not-persisted")]
+    assert [(p["subject"], p["code"]) for p in report["findings"]] == [("eth9", "not-persisted")]
 
 
 def test_networkd_dropins_in_systemd_order(tmp_path):
@@ -674,8 +676,8 @@ def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
 def test_status_networkmanager_method(tmp_path):
     root = make_root(tmp_path, {"enp1s0": (1, 0)}, forwarding=1, fixture="nm")
     report = raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)
-    assert [p["kind"] for p in report["problems"]] == ["networkmanager-ra"]
-    assert "ipv6.method ignore" in report["problems"][0]["message"]
+    assert [p["code"] for p in report["findings"]] == ["networkmanager-ra"]
+    assert "ipv6.method ignore" in report["findings"][0]["message"]
     keyfile = root / "etc/NetworkManager/system-connections/Uplink one.nmconnection"
     keyfile.write_text(keyfile.read_text().replace("method=ignore", "method=auto"))
     assert raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)["ok"]
@@ -1058,3 +1060,39 @@ def test_boot_units():
     assert "\nExecStart=/usr/bin/ipv6-ra-forward watch --once\n" in apply
     assert "\nWants=ipv6-ra-forward-apply.service\n" in watch
     assert "\nAfter=ipv6-ra-forward-apply.service" in watch
+
+
+# --- status and enable cosmetics ------------------------------------------------------------
+
+
+def test_user_space_slaac_addresses_count_where_the_kernel_tags_its_own():
+    # trixie: the kernel tags its link-local kernel_ll; networkd's SLAAC address has no tag.
+    link = addr_link("wan0", dict(LINK_LOCAL, protocol="kernel_ll"), SLAAC, LIFETIME)
+    assert raf.ra_addresses([link]) == {}
+    assert raf.ra_addresses([link], ["wan0"]) == {"wan0": ["2001:db8:1::5/64"]}  # not the /128
+
+
+def test_status_prints_no_expiry_for_user_space_routes(host, monkeypatch, capsys):
+    route = [
+        {
+            "dst": "default",
+            "gateway": "fe80::1",
+            "dev": "eth0",
+            "protocol": "ra",
+            "metric": 100,
+            "flags": [],
+        }
+    ]  # NetworkManager: no kernel expiry
+    monkeypatch.setattr(raf, "ip_json", lambda argv: route if "route" in argv else [])
+    raf.main(["status", "eth0"])
+    out = capsys.readouterr().out
+    assert "  default via fe80::1 (RA)\n" in out and "None" not in out
+
+
+def test_enable_on_a_down_link_does_not_warn(host, capsys, caplog):
+    (host / "sys/class/net/eth0").mkdir(parents=True)
+    (host / "sys/class/net/eth0/flags").write_text("0x1002\n")  # down
+    assert raf.main(["enable", "eth0"]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped: send a router solicitation on eth0: the link is down" in out
+    assert err == "" and "WARNING" not in caplog.text and host.sent == []

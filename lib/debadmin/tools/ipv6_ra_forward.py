@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import pyudev
 
 from debadmin import cli, fsutil, proc, sysconf
+from debadmin.findings import finding, needs_action, text_lines
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import ipv6_ra_forward_owner as owners
@@ -399,7 +400,7 @@ def ip_json(argv: List[str]) -> list:
         raise Error(f"cannot parse the output of ip {' '.join(argv)}") from None
 
 
-def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
+def ra_addresses(addr_json: list, user_space: Iterable[str] = ()) -> Dict[str, List[str]]:
     """ifname -> global addresses learned from RAs (SLAAC), from 'ip -json -6 addr show'.
 
     Linux 5.18 tags addresses with their origin, and iproute2 releases newer than
@@ -409,7 +410,13 @@ def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
     mngtmpaddr (the kernel sets it on every SLAAC address) or is a temporary (privacy)
     address made from one.  A lifetime alone ('ip addr add ... valid_lft 3600', a DHCPv6
     lease) is not enough.
+
+    systemd-networkd and NetworkManager add SLAAC addresses from user space: the kernel
+    tags none of them, even where it tags its own. On the links they manage (user_space)
+    an untagged dynamic address counts when it has mngtmpaddr (networkd sets it) or is a
+    /64 (SLAAC needs one; DHCPv6 addresses are /128).
     """
+    user_space = set(user_space)
     infos = [info for link in addr_json for info in link.get("addr_info", [])]
     tagged = any("protocol" in info for info in infos)  # link-locals say kernel_ll
     found: Dict[str, List[str]] = {}
@@ -417,7 +424,11 @@ def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
         for info in link.get("addr_info", []):
             if info.get("family") != "inet6" or info.get("scope") != "global":
                 continue
-            if tagged:
+            if link.get("ifname") in user_space and "protocol" not in info:
+                learned = bool(info.get("dynamic")) and bool(
+                    info.get("mngtmpaddr") or info.get("prefixlen") == 64
+                )
+            elif tagged:
                 learned = info.get("protocol") == "kernel_ra" or bool(info.get("temporary"))
             else:
                 learned = bool(info.get("dynamic")) and bool(
@@ -479,15 +490,19 @@ def collect_status(
     """The report of 'status' (also its --json document)."""
     global_forwarding = read_sysctl(root, "all", "forwarding")
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
-    addresses, routes = ra_addresses(addr_json), ra_routes(route_json)
+    names_seen = names or ipv6_interfaces(root)
+    owned = {n: owners.detect(root, n) for n in names_seen}
+    user_space = [n for n, owner in owned.items() if owner.handles_ra_itself]
+    addresses, routes = ra_addresses(addr_json, user_space), ra_routes(route_json)
     routers = router_links(neigh_json)
     persisted_uplinks = set(persisted.all_uplinks) if persisted else set()
     explicit = bool(names)
-    interfaces, problems = [], []
-    for name in names or ipv6_interfaces(root):
+    interfaces: List[Dict[str, object]] = []
+    findings: List[Dict[str, object]] = []
+    for name in names_seen:
         forwarding = read_sysctl(root, name, "forwarding")
         accept_ra = read_sysctl(root, name, "accept_ra")
-        owner = owners.detect(root, name)
+        owner = owned[name]
         uplink = (
             explicit
             or name in persisted_uplinks
@@ -513,8 +528,8 @@ def collect_status(
         if not uplink or name == "lo":
             continue
 
-        def problem(kind: str, message: str, name: str = name) -> None:
-            problems.append({"interface": name, "kind": kind, "message": message})
+        def problem(code: str, message: str, name: str = name) -> None:
+            findings.append(finding(code, "action", message, subject=name))
 
         if owner.handles_ra_itself:
             # networkd's verdict does not depend on the forwarding sysctl: its own settings
@@ -582,8 +597,8 @@ def collect_status(
         "default_accept_ra": default_accept_ra,
         "dropin": str(root / DROPIN) if persisted else None,
         "interfaces": interfaces,
-        "problems": problems,
-        "ok": not problems,
+        "findings": findings,
+        "ok": not needs_action(findings),
     }
 
 
@@ -620,11 +635,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             for address in entry["ra_addresses"]:
                 print(f"  address {address}")
             for route in entry["ra_default_routes"]:
-                print(f"  default via {route['gateway']} (RA, expires {route['expires']} s)")
-        for item in report["problems"]:
-            print(f"problem: {item['message']}")
-        if report["ok"]:
-            print("no problems found")
+                # NetworkManager and networkd install RA routes without a kernel expiry.
+                expires = "" if route["expires"] is None else f", expires {route['expires']} s"
+                print(f"  default via {route['gateway']} (RA{expires})")
+        for line in text_lines(report["findings"]):
+            print(line)
+        if not report["findings"]:
+            print("no findings")
     return EXIT_OK if report["ok"] else EXIT_ACTION
 
 
@@ -682,8 +699,12 @@ def file_removal_step(path: Path) -> Step:
     )
 
 
-def solicit_step(name: str) -> Step:
+def solicit_step(name: str, root: Path = Path("/")) -> Step:
     def action() -> None:
+        if not link_is_up(root, name):
+            # Not worth a warning: the kernel solicits by itself when the link comes up,
+            # and accept_ra is 2 by then.
+            raise Skipped("the link is down; the kernel solicits when it comes up")
         if not solicit(name):
             raise Skipped("not sent (see the warning above)")
 
@@ -881,7 +902,7 @@ def plan_enable(
             1 if persist and steps and steps[0].text.startswith("write ") else 0 : 0
         ] = networkd_steps
     for name in solicit_on:
-        steps.append(solicit_step(name))
+        steps.append(solicit_step(name, root))
     return steps, solicit_on, snippets
 
 
