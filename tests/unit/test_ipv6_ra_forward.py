@@ -1021,7 +1021,7 @@ def test_recheck_raises_accept_ra_an_ifup_lowered(host, capsys):
     (host / raf.CONF_DIR / "eth0/accept_ra").write_text("1\n")  # ifupdown's 'accept_ra 1'
     assert raf.recheck(host, config, {raf.ALL}, False) == ["eth0"]
     assert sysctl(host, "eth0", "accept_ra") == 2 and host.sent == ["eth0"]
-    assert "eth0: set accept_ra=2 (was 1 after something lowered it)" in capsys.readouterr().out
+    assert "eth0: set accept_ra=2 (was 1, seen on a link event)" in capsys.readouterr().out
     assert raf.recheck(host, config, {raf.ALL}, False) == []
 
 

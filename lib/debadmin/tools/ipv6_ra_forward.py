@@ -1037,7 +1037,9 @@ def configure_new(root: Path, ifname: str, dry_run: bool, lowered: Optional[int]
     except Error as exc:  # the interface went away again
         log.warning("%s", exc)
         return False
-    why = " after something lowered it" if lowered is not None else ""
+    # A link event, not a uevent: an ifup lowered it, or (a new interface) the
+    # rtnetlink event came before the uevent.
+    why = ", seen on a link event" if lowered is not None else ""
     print(f"{ifname}: set accept_ra=2 (was {current}{why})", flush=True)
     if link_is_up(root, ifname):
         solicit(ifname)
