@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,7 @@ def test_accepts_ra_as_the_kernel(accept_ra, forwarding, accepted):
 def test_status_odd_accept_ra_values(tmp_path):
     root = make_root(tmp_path, {"up3": (1, 3), "upm": (0, -1)}, forwarding=1)
     report = raf.collect_status(root, ["up3", "upm"], [], [], [], raf.Config(), None)
-    kinds = {p["interface"]: (p["kind"], p["message"]) for p in report["problems"]}
+    kinds = {p["subject"]: (p["code"], p["message"]) for p in report["findings"]}
     assert kinds["up3"][0] == "ra-ignored" and "accept_ra=3" in kinds["up3"][1]
     assert "upm" not in kinds  # -1 without forwarding: the kernel accepts RAs
 
@@ -267,7 +268,7 @@ def test_status_explains_the_problem(tmp_path):
     neigh = json.loads((DATA / "ip-neigh.json").read_text())
     report = raf.collect_status(root, [], addr, route, neigh, raf.Config(), None)
     assert not report["ok"] and report["forwarding"]
-    messages = {p["interface"]: p["message"] for p in report["problems"]}
+    messages = {p["subject"]: p["message"] for p in report["findings"]}
     assert messages["up0"] == (
         "forwarding is on and up0 has accept_ra=1: its RA default " "route will be dropped"
     )
@@ -296,7 +297,9 @@ def test_status_cli_json(host, monkeypatch, capsys):
     (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
     assert raf.main(["status", "--json", "eth0"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["problems"][0]["kind"] == "ra-ignored"
+    f = report["findings"][0]
+    assert list(f)[:4] == ["code", "severity", "subject", "message"]
+    assert (f["code"], f["severity"], f["subject"]) == ("ra-ignored", "action", "eth0")
     assert raf.main(["status", "nosuch0"]) == 2
     assert "no IPv6 interface nosuch0" in capsys.readouterr().err
 
@@ -590,7 +593,7 @@ def test_ifupdown_enable_and_status(tmp_path, monkeypatch, capsys):
     assert raf.main(["enable", "dhcp0"]) == 1
     assert "'iface dhcp0 inet6' stanza" in capsys.readouterr().out
     report = raf.collect_status(root, ["dhcp0", "gw0"], [], [], [], raf.Config(), None)
-    messages = [p["message"] for p in report["problems"] if p["kind"] == "ifupdown"]
+    messages = [p["message"] for p in report["findings"] if p["code"] == "ifupdown"]
     assert any(m.startswith("ifupdown sets accept_ra=1 on dhcp0 at ifup") for m in messages)
     assert any(m.startswith("ifupdown sets accept_ra=0 on gw0 at ifup") for m in messages)
 
@@ -600,7 +603,7 @@ def test_status_trusts_ifupdown_auto_to_set_2(tmp_path):
     (root / "etc/network").mkdir(parents=True)
     (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
     report = raf.collect_status(root, ["auto0", "eth9"], [], [], [], raf.Config(), None)
-    assert [(p["interface"], p["kind"]) for p in report["problems"]] == [("eth9", "not-persisted")]
+    assert [(p["subject"], p["code"]) for p in report["findings"]] == [("eth9", "not-persisted")]
 
 
 def test_networkd_dropins_in_systemd_order(tmp_path):
@@ -636,8 +639,8 @@ def test_networkd_link_without_network_file(tmp_path):
     (root / "etc/systemd/network/30-wan.network").write_text("[Match]\nName=eth*\n")
     owner = owners.detect(root, "eth0")
     assert owner.source.endswith("etc/systemd/network/30-wan.network")
-    assert "/etc/systemd/network/30-wan.network.d/ipv6-ra-forward.conf" in raf.snippet(
-        owner, "eth0"
+    assert "/etc/systemd/network/30-wan.network.d/60-ipv6-ra-forward.conf" in raf.snippet(
+        owner, "eth0", root
     )
 
 
@@ -648,8 +651,9 @@ def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(raf, "solicit", sent.append)
     assert raf.main(["enable", "enp1s0", "lan0"]) == 1
     out = capsys.readouterr().out
-    assert "/etc/systemd/network/10-uplink.network.d/ipv6-ra-forward.conf" in out
-    assert "[Network]\nIPv6AcceptRA=yes\n" in out
+    assert "/etc/systemd/network/10-uplink.network.d/60-ipv6-ra-forward.conf" in out
+    assert "(IPv6AcceptRA=no)" in out
+    assert "[Network]\nIPv6AcceptRA=yes\nIPForward=ipv6\n" in out  # no dpkg status: as 252
     assert "IPv6 forwarding left off" in out
     assert sysctl(root, "enp1s0", "accept_ra") == 0  # networkd's, untouched
     assert sysctl(root, "lan0", "accept_ra") == 2
@@ -672,8 +676,8 @@ def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
 def test_status_networkmanager_method(tmp_path):
     root = make_root(tmp_path, {"enp1s0": (1, 0)}, forwarding=1, fixture="nm")
     report = raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)
-    assert [p["kind"] for p in report["problems"]] == ["networkmanager-ra"]
-    assert "ipv6.method ignore" in report["problems"][0]["message"]
+    assert [p["code"] for p in report["findings"]] == ["networkmanager-ra"]
+    assert "ipv6.method ignore" in report["findings"][0]["message"]
     keyfile = root / "etc/NetworkManager/system-connections/Uplink one.nmconnection"
     keyfile.write_text(keyfile.read_text().replace("method=ignore", "method=auto"))
     assert raf.collect_status(root, ["enp1s0"], [], [], [], raf.Config(), None)["ok"]
@@ -743,6 +747,7 @@ def run_watch(monkeypatch, monitor, *argv):
     handlers watch installs are put back afterwards."""
     monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
     monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
+    monkeypatch.setattr(raf, "rtnetlink_socket", lambda: None)
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
     try:
         return raf.main(["watch", *argv])
@@ -817,3 +822,277 @@ def test_udev_source(tmp_path):
 def test_router_solicitation_on_missing_interface():
     with pytest.raises(Error, match="cannot send a router solicitation on nosuch0"):
         raf.send_router_solicitation("nosuch0")
+
+
+# --- one record of every uplink -------------------------------------------------------------
+
+
+def networkd_eth0(tmp_path, monkeypatch, network="[Match]\nName=eth0\n\n[Network]\n"):
+    """eth0 managed by systemd-networkd (runtime state), k0 by nobody; ROOT pointed there."""
+    root = make_root(tmp_path, {"eth0": (0, 0), "k0": (0, 1)}, fixture="networkd-state")
+    (root / "etc/systemd/network").mkdir(parents=True)
+    (root / "etc/systemd/network/50-eth0.network").write_text(network)
+    monkeypatch.setattr(raf, "ROOT", root)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    return root
+
+
+def test_disable_one_uplink_keeps_forwarding_for_a_networkd_uplink(tmp_path, monkeypatch):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=yes\n"
+    )
+    assert raf.main(["enable", "eth0", "k0"]) == 0
+    state = raf.parse_dropin((root / raf.DROPIN).read_text())
+    assert state.managed == {"eth0": owners.NETWORKD} and state.uplinks == ["k0"]
+    assert state.all_uplinks == ["eth0", "k0"]
+    assert sysctl(root, "eth0", "accept_ra") == 0  # networkd's own, untouched
+    assert raf.main(["disable", "k0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1  # eth0 is still an enabled uplink
+    assert sysctl(root, "k0", "accept_ra") == 1
+    state = raf.parse_dropin((root / raf.DROPIN).read_text())
+    assert state.managed == {"eth0": owners.NETWORKD} and state.uplinks == []
+    assert state.forwarding and state.saved_forwarding == 0
+    # The last uplink goes: enable had turned forwarding on, so it goes off again.
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 0 and not (root / raf.DROPIN).exists()
+
+
+def test_disable_never_turns_off_forwarding_it_did_not_turn_on(tmp_path, monkeypatch):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=yes\n"
+    )
+    (root / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1 and not (root / raf.DROPIN).exists()
+
+
+def test_refused_enable_writes_no_dropin(tmp_path, monkeypatch, capsys):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=no\n"
+    )
+    assert raf.main(["enable", "eth0"]) == 1
+    assert "IPv6 forwarding left off" in capsys.readouterr().out
+    assert not (root / raf.DROPIN).exists()
+    assert not list((root / "etc/sysctl.d").iterdir())
+    assert sysctl(root, "all", "forwarding") == 0
+
+
+def test_dropin_round_trip_with_managed_uplinks():
+    state = raf.Persisted(
+        ["k0"], True, {"k0": 1}, 0, {"eth0": owners.NETWORKD, "wl0": "NetworkManager"}
+    )
+    text = state.render()
+    assert "# uplink: eth0 systemd-networkd\n" in text
+    assert raf.parse_dropin(text) == state
+
+
+# --- networkd as networkd behaves -----------------------------------------------------------
+
+
+def dpkg_systemd(root, version):
+    (root / "var/lib/dpkg").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dpkg/status").write_text(
+        "Package: libc6\nStatus: install ok installed\nVersion: 2.36-9\n\n"
+        f"Package: systemd\nStatus: install ok installed\nVersion: {version}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "version,settings,handles",
+    [
+        ("252.39-1~deb12u1", "", True),  # no setting: RAs kept with forwarding by sysctl
+        ("257.9-1~deb13u1", "", True),
+        ("252.39-1~deb12u1", "IPForward=yes", False),
+        ("252.39-1~deb12u1", "IPForward=ipv6", False),
+        ("252.39-1~deb12u1", "IPForward=ipv4", True),
+        ("252.39-1~deb12u1", "IPMasquerade=both", False),
+        ("252.39-1~deb12u1", "IPMasquerade=ipv4", True),
+        ("252.39-1~deb12u1", "IPv6SendRA=yes", True),  # 252 does not tie RAs to it
+        ("252.39-1~deb12u1", "IPForward=yes\nIPv6AcceptRA=yes", True),
+        ("257.9-1~deb13u1", "IPForward=yes", True),  # ignored since 256
+        ("257.9-1~deb13u1", "IPv6Forwarding=yes", False),
+        ("257.9-1~deb13u1", "IPv6Forwarding=no\nIPMasquerade=ipv6", True),
+        ("257.9-1~deb13u1", "IPMasquerade=ipv6", False),
+        ("257.9-1~deb13u1", "IPv6SendRA=yes", False),
+        ("257.9-1~deb13u1", "IPv6SendRA=yes\nIPv6AcceptRA=yes", True),
+        ("257.9-1~deb13u1", "IPv6AcceptRA=no", False),
+    ],
+)
+def test_networkd_ra_verdict(tmp_path, version, settings, handles):
+    root = tmp_path
+    dpkg_systemd(root, version)
+    network = root / "etc/systemd/network/10-wan.network"
+    network.parent.mkdir(parents=True)
+    network.write_text(f"[Match]\nName=wan0\n\n[Network]\n{settings}\n")
+    major = owners.systemd_version(root)
+    assert major == int(version[:3])
+    assert owners.networkd_ra_verdict(root, network, major)[0] is handles
+
+
+def test_networkd_global_forwarding_257(tmp_path):
+    dpkg_systemd(tmp_path, "257.9-1~deb13u1")
+    network = tmp_path / "etc/systemd/network/10-wan.network"
+    network.parent.mkdir(parents=True)
+    network.write_text("[Match]\nName=wan0\n")
+    (tmp_path / "etc/systemd/networkd.conf.d").mkdir(parents=True)
+    (tmp_path / "etc/systemd/networkd.conf.d/fw.conf").write_text(
+        "[Network]\nIPv6Forwarding=yes\n"
+    )
+    handles, why = owners.networkd_ra_verdict(tmp_path, network, 257)
+    assert not handles and "networkd.conf" in why
+    # 252 has no such global setting.
+    assert owners.networkd_ra_verdict(tmp_path, network, 252)[0]
+
+
+@pytest.mark.parametrize(
+    "version,existing,expected",
+    [
+        (252, "", "IPv6AcceptRA=yes\nIPForward=ipv6\n"),
+        (252, "IPForward=ipv4", "IPv6AcceptRA=yes\nIPForward=yes\n"),  # IPv4 stays on
+        (257, "IPForward=ipv4", "IPv6AcceptRA=yes\nIPv6Forwarding=yes\n"),
+    ],
+)
+def test_networkd_native_text(tmp_path, version, existing, expected):
+    network = tmp_path / "10-wan.network"
+    network.write_text(f"[Match]\nName=wan0\n[Network]\n{existing}\n")
+    text, native = owners.networkd_native(tmp_path, network, version)
+    assert text == "[Network]\n" + expected and not native
+
+
+@pytest.mark.parametrize(
+    "version,key", [("252.39-1", "IPForward=ipv6"), ("257.9-1", "IPv6Forwarding=yes")]
+)
+def test_enable_networkd_writes_the_native_dropin(tmp_path, monkeypatch, capsys, version, key):
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPMasquerade=both\n"
+    )
+    dpkg_systemd(root, version)
+    assert raf.main(["enable", "eth0", "k0"]) == 1  # advice, forwarding left off
+    out = capsys.readouterr().out
+    assert "IPMasquerade=both without IPv6AcceptRA=yes" in out and key in out
+    assert "enable --networkd" in out
+    assert sysctl(root, "all", "forwarding") == 0
+    assert raf.main(["enable", "--networkd", "eth0", "k0"]) == 0
+    out = capsys.readouterr().out
+    dropin = root / "etc/systemd/network/50-eth0.network.d/60-ipv6-ra-forward.conf"
+    assert f"IPv6AcceptRA=yes\n{key}\n" in dropin.read_text()
+    assert "skipped: run networkctl reload: systemd-networkd is not running" in out
+    assert sysctl(root, "all", "forwarding") == 1 and sysctl(root, "eth0", "accept_ra") == 0
+    assert raf.parse_dropin((root / raf.DROPIN).read_text()).managed == {"eth0": owners.NETWORKD}
+    capsys.readouterr()
+    assert raf.main(["enable", "--networkd", "eth0", "k0"]) == 0
+    assert capsys.readouterr().out == "nothing to change\n"
+    assert raf.main(["disable", "k0"]) == 0
+    assert dropin.exists() and sysctl(root, "all", "forwarding") == 1
+    assert raf.main(["disable", "eth0"]) == 0
+    assert not dropin.exists() and sysctl(root, "all", "forwarding") == 0
+
+
+def test_enable_networkd_without_settings_needs_no_advice(tmp_path, monkeypatch, capsys):
+    # networkd 252 and 257 keep handling RAs with forwarding on by sysctl.
+    root = networkd_eth0(tmp_path, monkeypatch)
+    dpkg_systemd(root, "257.9-1")
+    assert raf.main(["enable", "eth0"]) == 0
+    assert sysctl(root, "all", "forwarding") == 1 and sysctl(root, "eth0", "accept_ra") == 0
+
+
+# --- watch: accept_ra lowered by an ifup, names its globs match ------------------------------
+
+
+def nlmsg(kind, payload):
+    return struct.pack("=IHHII", 16 + len(payload), kind, 0, 0, 0) + payload
+
+
+def test_netlink_indexes():
+    link = nlmsg(raf.RTM_NEWLINK, struct.pack("=BBHiII", 0, 0, 1, 7, 0x1003, 0))
+    addr = nlmsg(raf.RTM_NEWADDR, struct.pack("=BBBBI", 10, 64, 0, 0, 9) + b"\0" * 3)
+    netconf = nlmsg(raf.RTM_NEWNETCONF, struct.pack("=B", 10) + b"\0" * 3)
+    route = nlmsg(24, b"\0" * 12)  # RTM_NEWROUTE: not subscribed, ignored anyway
+    assert raf.netlink_indexes(link + addr) == {7, 9}
+    assert raf.netlink_indexes(route + netconf) == {raf.ALL}
+    assert raf.netlink_indexes(link[:20]) == set()  # truncated: nothing made up
+
+
+def test_recheck_raises_accept_ra_an_ifup_lowered(host, capsys):
+    config = raf.Config(["eth*"], True)
+    raf.apply_existing(host, config, False)
+    host.sent.clear()
+    (host / raf.CONF_DIR / "eth0/accept_ra").write_text("1\n")  # ifupdown's 'accept_ra 1'
+    assert raf.recheck(host, config, {raf.ALL}, False) == ["eth0"]
+    assert sysctl(host, "eth0", "accept_ra") == 2 and host.sent == ["eth0"]
+    assert "eth0: set accept_ra=2 (was 1, seen on a link event)" in capsys.readouterr().out
+    assert raf.recheck(host, config, {raf.ALL}, False) == []
+
+
+def test_watch_leaves_names_enable_refuses(host, capsys, caplog):
+    for name in ("eth$(id)", "eth0;x"):
+        (host / raf.CONF_DIR / name).mkdir()
+        (host / raf.CONF_DIR / name / "accept_ra").write_text("1\n")
+        (host / raf.CONF_DIR / name / "forwarding").write_text("0\n")
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth*"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "eth$(id)", "accept_ra") == 1 and sysctl(host, "eth0;x", "accept_ra") == 1
+    assert sysctl(host, "eth0", "accept_ra") == 2
+    assert "ignored: invalid interface name: 'eth$(id)'" in caplog.text
+    assert raf.recheck(host, raf.Config(["eth*"]), {raf.ALL}, False) == []
+    assert sysctl(host, "eth$(id)", "accept_ra") == 1
+
+
+def test_watch_keeps_the_uplinks_enable_recorded(host, capsys):
+    assert raf.main(["enable", "--no-forwarding", "lan0"]) == 0
+    config = raf.watched(host, raf.Config([], True))
+    assert config.uplinks == ["lan0"] and not config.forwarding  # forwarding as recorded
+    assert raf.watched(host, raf.Config(["eth0"], True)).uplinks == ["eth0", "lan0"]
+
+
+def test_boot_units():
+    apply = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward-apply.service").read_text()
+    watch = (SRC / "debian/ipv6-ra-forward.ipv6-ra-forward.service").read_text()
+    for line in (
+        "Type=oneshot",
+        "Before=network-pre.target",
+        "Wants=network-pre.target",
+        "DefaultDependencies=no",
+    ):
+        assert f"\n{line}" in apply
+    assert "\nExecStart=/usr/bin/ipv6-ra-forward watch --once\n" in apply
+    assert "\nWants=ipv6-ra-forward-apply.service\n" in watch
+    assert "\nAfter=ipv6-ra-forward-apply.service" in watch
+
+
+# --- status and enable cosmetics ------------------------------------------------------------
+
+
+def test_user_space_slaac_addresses_count_where_the_kernel_tags_its_own():
+    # trixie: the kernel tags its link-local kernel_ll; networkd's SLAAC address has no tag.
+    link = addr_link("wan0", dict(LINK_LOCAL, protocol="kernel_ll"), SLAAC, LIFETIME)
+    assert raf.ra_addresses([link]) == {}
+    assert raf.ra_addresses([link], ["wan0"]) == {"wan0": ["2001:db8:1::5/64"]}  # not the /128
+
+
+def test_status_prints_no_expiry_for_user_space_routes(host, monkeypatch, capsys):
+    route = [
+        {
+            "dst": "default",
+            "gateway": "fe80::1",
+            "dev": "eth0",
+            "protocol": "ra",
+            "metric": 100,
+            "flags": [],
+        }
+    ]  # NetworkManager: no kernel expiry
+    monkeypatch.setattr(raf, "ip_json", lambda argv: route if "route" in argv else [])
+    raf.main(["status", "eth0"])
+    out = capsys.readouterr().out
+    assert "  default via fe80::1 (RA)\n" in out and "None" not in out
+
+
+def test_enable_on_a_down_link_does_not_warn(host, capsys, caplog):
+    (host / "sys/class/net/eth0").mkdir(parents=True)
+    (host / "sys/class/net/eth0/flags").write_text("0x1002\n")  # down
+    assert raf.main(["enable", "eth0"]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped: send a router solicitation on eth0: the link is down" in out
+    assert err == "" and "WARNING" not in caplog.text and host.sent == []

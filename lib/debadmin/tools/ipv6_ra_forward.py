@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import select
 import shlex
 import signal
 import sys
@@ -20,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import pyudev
 
 from debadmin import cli, fsutil, proc, sysconf
+from debadmin.findings import finding, needs_action, text_lines
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import ipv6_ra_forward_owner as owners
@@ -123,15 +125,24 @@ def ipv6_interfaces(root: Path = Path("/")) -> List[str]:
 
 @dataclass
 class Persisted:
-    """What the drop-in holds: the uplinks, forwarding, and the values enable replaced."""
+    """What the drop-in holds: the uplinks, forwarding, and the values enable replaced.
+
+    uplinks are those the kernel handles (an accept_ra = 2 line each); managed are the
+    uplinks whose router advertisements systemd-networkd or NetworkManager handle (a
+    comment line each, since no sysctl of ours applies to them). Both count as enabled:
+    disable turns forwarding off only when neither holds an uplink any more.
+    """
 
     uplinks: List[str] = field(default_factory=list)
     forwarding: bool = False
     saved_accept_ra: Dict[str, int] = field(default_factory=dict)
     saved_forwarding: Optional[int] = None
+    managed: Dict[str, str] = field(default_factory=dict)
 
     def render(self) -> str:
         lines = [GENERATED]
+        for name in sorted(self.managed):
+            lines.append(f"# uplink: {name} {self.managed[name]}\n")
         for name in sorted(self.saved_accept_ra):
             lines.append(f"# saved: {name} accept_ra={self.saved_accept_ra[name]}\n")
         if self.saved_forwarding is not None:
@@ -143,11 +154,26 @@ class Persisted:
         return "".join(lines)
 
     @property
+    def all_uplinks(self) -> List[str]:
+        """Every uplink enable was given, whoever handles its router advertisements."""
+        return sorted(set(self.uplinks) | set(self.managed))
+
+    @property
     def empty(self) -> bool:
-        return not self.uplinks and not self.forwarding
+        return not self.uplinks and not self.managed and not self.forwarding
+
+    def copy(self) -> "Persisted":
+        return Persisted(
+            list(self.uplinks),
+            self.forwarding,
+            dict(self.saved_accept_ra),
+            self.saved_forwarding,
+            dict(self.managed),
+        )
 
 
 SAVED = re.compile(r"^# saved: (\S+) (accept_ra|forwarding)=(-?\d+)$")
+MANAGED = re.compile(r"^# uplink: (\S+) (systemd-networkd|NetworkManager)$")
 
 
 def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
@@ -162,6 +188,10 @@ def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
                 state.saved_forwarding = int(value)
             elif key == "accept_ra":
                 state.saved_accept_ra[validate_ifname(name)] = int(value)
+            continue
+        managed = MANAGED.match(line)
+        if managed:
+            state.managed[validate_ifname(managed.group(1))] = managed.group(2)
             continue
         if not line or line[0] in "#;":
             continue
@@ -258,23 +288,47 @@ def solicit(ifname: str) -> bool:
 # --- snippets for the managers we do not fight --------------------------------------------
 
 
-def snippet(owner: owners.Owner, ifname: str) -> str:
+NETWORKD_DROPIN_NAME = "60-ipv6-ra-forward.conf"
+
+
+def networkd_path(root: Path, owner: owners.Owner) -> Optional[Path]:
+    """The .network file (under root) that configures a networkd link, if any."""
+    source = owner.source or ""
+    if owner.name != owners.NETWORKD or not source.endswith(".network"):
+        return None
+    return Path(source) if source.startswith(str(root)) else root / source.lstrip("/")
+
+
+def networkd_dropin(root: Path, owner: owners.Owner) -> Optional[Path]:
+    """Where ipv6-ra-forward's networkd drop-in for this link goes (always under /etc)."""
+    path = networkd_path(root, owner)
+    if path is None:
+        return None
+    return root / "etc/systemd/network" / f"{path.name}.d" / NETWORKD_DROPIN_NAME
+
+
+def snippet(owner: owners.Owner, ifname: str, root: Path = Path("/")) -> str:
     if owner.name == owners.NETWORKD:
-        if not (owner.source or "").endswith(".network"):
+        version = owners.systemd_version(root)
+        path = networkd_path(root, owner)
+        text, _ = owners.networkd_native(root, path, version)
+        _, why = owners.networkd_ra_verdict(root, path, version)
+        if path is None:
             # A drop-in would extend a file that does not exist: give the whole file.
             return (
                 f"# systemd-networkd manages {ifname} ({owner.source}) but no .network file\n"
-                f"# matches it; it needs IPv6AcceptRA=yes explicitly when forwarding.\n"
-                f"# /etc/systemd/network/50-{ifname}.network, then 'networkctl reload':\n"
-                f"[Match]\nName={ifname}\n\n[Network]\nIPv6AcceptRA=yes\n"
+                f"# matches it. So that networkd both forwards and keeps handling router\n"
+                f"# advertisements, /etc/systemd/network/50-{ifname}.network, then"
+                f" 'networkctl reload':\n"
+                f"[Match]\nName={ifname}\n\n{text}"
             )
-        base = Path(owner.source).name
+        dropin = f"/etc/systemd/network/{path.name}.d/{NETWORKD_DROPIN_NAME}"
         return (
-            f"# systemd-networkd manages {ifname} ({owner.source}); it handles router\n"
-            f"# advertisements itself and needs IPv6AcceptRA=yes explicitly when forwarding.\n"
-            f"# /etc/systemd/network/{base}.d/ipv6-ra-forward.conf, then"
-            f" 'networkctl reload':\n"
-            f"[Network]\nIPv6AcceptRA=yes\n"
+            f"# systemd-networkd manages {ifname} ({owner.source}) and ignores its router\n"
+            f"# advertisements ({why}). So that networkd both forwards and keeps them,\n"
+            f"# run 'ipv6-ra-forward enable --networkd ...' or write"
+            f" {dropin}, then 'networkctl reload':\n"
+            f"{text}"
         )
     if owner.name == owners.NETWORKMANAGER:
         conn = shlex.quote(owner.connection) if owner.connection else "CONNECTION"
@@ -294,11 +348,10 @@ def snippet(owner: owners.Owner, ifname: str) -> str:
 
 
 def manager_keeps_ra(root: Path, owner: owners.Owner) -> bool:
-    """Whether networkd or NetworkManager already keeps accepting RAs with forwarding on."""
+    """Whether networkd or NetworkManager keeps accepting RAs with forwarding on."""
     if owner.name == owners.NETWORKD:
-        source = owner.source or ""
-        path = Path(source) if source.startswith(str(root)) else root / source.lstrip("/")
-        return source.endswith(".network") and owners.networkd_accepts_ra(root, path)
+        version = owners.systemd_version(root)
+        return owners.networkd_ra_verdict(root, networkd_path(root, owner), version)[0]
     if owner.name == owners.NETWORKMANAGER:
         # NetworkManager runs its own RA client; only its ipv6.method decides.
         return owner.ipv6_method == "auto"
@@ -347,7 +400,7 @@ def ip_json(argv: List[str]) -> list:
         raise Error(f"cannot parse the output of ip {' '.join(argv)}") from None
 
 
-def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
+def ra_addresses(addr_json: list, user_space: Iterable[str] = ()) -> Dict[str, List[str]]:
     """ifname -> global addresses learned from RAs (SLAAC), from 'ip -json -6 addr show'.
 
     Linux 5.18 tags addresses with their origin, and iproute2 releases newer than
@@ -357,7 +410,13 @@ def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
     mngtmpaddr (the kernel sets it on every SLAAC address) or is a temporary (privacy)
     address made from one.  A lifetime alone ('ip addr add ... valid_lft 3600', a DHCPv6
     lease) is not enough.
+
+    systemd-networkd and NetworkManager add SLAAC addresses from user space: the kernel
+    tags none of them, even where it tags its own. On the links they manage (user_space)
+    an untagged dynamic address counts when it has mngtmpaddr (networkd sets it) or is a
+    /64 (SLAAC needs one; DHCPv6 addresses are /128).
     """
+    user_space = set(user_space)
     infos = [info for link in addr_json for info in link.get("addr_info", [])]
     tagged = any("protocol" in info for info in infos)  # link-locals say kernel_ll
     found: Dict[str, List[str]] = {}
@@ -365,7 +424,11 @@ def ra_addresses(addr_json: list) -> Dict[str, List[str]]:
         for info in link.get("addr_info", []):
             if info.get("family") != "inet6" or info.get("scope") != "global":
                 continue
-            if tagged:
+            if link.get("ifname") in user_space and "protocol" not in info:
+                learned = bool(info.get("dynamic")) and bool(
+                    info.get("mngtmpaddr") or info.get("prefixlen") == 64
+                )
+            elif tagged:
                 learned = info.get("protocol") == "kernel_ra" or bool(info.get("temporary"))
             else:
                 learned = bool(info.get("dynamic")) and bool(
@@ -427,15 +490,19 @@ def collect_status(
     """The report of 'status' (also its --json document)."""
     global_forwarding = read_sysctl(root, "all", "forwarding")
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
-    addresses, routes = ra_addresses(addr_json), ra_routes(route_json)
+    names_seen = names or ipv6_interfaces(root)
+    owned = {n: owners.detect(root, n) for n in names_seen}
+    user_space = [n for n, owner in owned.items() if owner.handles_ra_itself]
+    addresses, routes = ra_addresses(addr_json, user_space), ra_routes(route_json)
     routers = router_links(neigh_json)
-    persisted_uplinks = set(persisted.uplinks) if persisted else set()
+    persisted_uplinks = set(persisted.all_uplinks) if persisted else set()
     explicit = bool(names)
-    interfaces, problems = [], []
-    for name in names or ipv6_interfaces(root):
+    interfaces: List[Dict[str, object]] = []
+    findings: List[Dict[str, object]] = []
+    for name in names_seen:
         forwarding = read_sysctl(root, name, "forwarding")
         accept_ra = read_sysctl(root, name, "accept_ra")
-        owner = owners.detect(root, name)
+        owner = owned[name]
         uplink = (
             explicit
             or name in persisted_uplinks
@@ -461,16 +528,23 @@ def collect_status(
         if not uplink or name == "lo":
             continue
 
-        def problem(kind: str, message: str, name: str = name) -> None:
-            problems.append({"interface": name, "kind": kind, "message": message})
+        def problem(code: str, message: str, name: str = name) -> None:
+            findings.append(finding(code, "action", message, subject=name))
 
         if owner.handles_ra_itself:
-            if global_forwarding and not manager_keeps_ra(root, owner):
+            # networkd's verdict does not depend on the forwarding sysctl: its own settings
+            # (IPv6Forwarding=...) stop its RA client whatever the kernel forwards.
+            relevant = global_forwarding or owner.name == owners.NETWORKD
+            if relevant and not manager_keeps_ra(root, owner):
                 if owner.name == owners.NETWORKD:
+                    _, why = owners.networkd_ra_verdict(
+                        root, networkd_path(root, owner), owners.systemd_version(root)
+                    )
                     problem(
                         "networkd-ra",
-                        f"forwarding is on and systemd-networkd manages {name} without "
-                        f"IPv6AcceptRA=yes ({owner.source}): it ignores router advertisements",
+                        f"systemd-networkd manages {name} and ignores its router "
+                        f"advertisements ({why}, {owner.source}): enable --networkd gives it "
+                        f"IPv6AcceptRA=yes and networkd's own forwarding",
                     )
                 else:
                     problem(
@@ -523,8 +597,8 @@ def collect_status(
         "default_accept_ra": default_accept_ra,
         "dropin": str(root / DROPIN) if persisted else None,
         "interfaces": interfaces,
-        "problems": problems,
-        "ok": not problems,
+        "findings": findings,
+        "ok": not needs_action(findings),
     }
 
 
@@ -561,11 +635,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             for address in entry["ra_addresses"]:
                 print(f"  address {address}")
             for route in entry["ra_default_routes"]:
-                print(f"  default via {route['gateway']} (RA, expires {route['expires']} s)")
-        for item in report["problems"]:
-            print(f"problem: {item['message']}")
-        if report["ok"]:
-            print("no problems found")
+                # NetworkManager and networkd install RA routes without a kernel expiry.
+                expires = "" if route["expires"] is None else f", expires {route['expires']} s"
+                print(f"  default via {route['gateway']} (RA{expires})")
+        for line in text_lines(report["findings"]):
+            print(line)
+        if not report["findings"]:
+            print("no findings")
     return EXIT_OK if report["ok"] else EXIT_ACTION
 
 
@@ -616,8 +692,19 @@ def dropin_step(root: Path, text: Optional[str]) -> Step:
     return Step(f"write {path}", lambda: fsutil.atomic_write(path, text), restore)
 
 
-def solicit_step(name: str) -> Step:
+def file_removal_step(path: Path) -> Step:
+    old = path.read_bytes()
+    return Step(
+        f"remove {path}", lambda: fsutil.remove_file(path), lambda: fsutil.atomic_write(path, old)
+    )
+
+
+def solicit_step(name: str, root: Path = Path("/")) -> Step:
     def action() -> None:
+        if not link_is_up(root, name):
+            # Not worth a warning: the kernel solicits by itself when the link comes up,
+            # and accept_ra is 2 by then.
+            raise Skipped("the link is down; the kernel solicits when it comes up")
         if not solicit(name):
             raise Skipped("not sent (see the warning above)")
 
@@ -686,32 +773,96 @@ def _run_steps(steps: List[Step], dry_run: bool) -> None:
         print(line, flush=True)
 
 
+def networkd_native_step(root: Path, owner: owners.Owner, ifname: str) -> Optional[Step]:
+    """Write networkd's native configuration for ifname, or None when it is there already.
+
+    Refused (an error) when no .network file matches the link: a drop-in would extend
+    nothing, and writing a whole .network file is the admin's decision.
+    """
+    path = networkd_path(root, owner)
+    dropin = networkd_dropin(root, owner)
+    if path is None or dropin is None:
+        raise Error(
+            f"systemd-networkd manages {ifname} but no .network file matches it"
+            f" ({owner.source}): --networkd needs one to extend"
+        )
+    text, native = owners.networkd_native(root, path, owners.systemd_version(root))
+    if native:
+        return None
+    content = f"# Written by ipv6-ra-forward enable --networkd; removed by disable.\n{text}"
+    try:
+        old: Optional[bytes] = dropin.read_bytes()
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise Error(f"cannot read {dropin}: {exc.strerror}") from None
+
+    def write() -> None:
+        dropin.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fsutil.atomic_write(dropin, content)
+
+    def restore() -> None:
+        if old is None:
+            fsutil.remove_file(dropin)
+        else:
+            fsutil.atomic_write(dropin, old)
+
+    return Step(f"write {dropin} ({ifname}: networkd's own configuration)", write, restore)
+
+
+def networkd_running(root: Path) -> bool:
+    return root == Path("/") and (root / "run/systemd/netif/links").is_dir()
+
+
+def networkd_reload_step(root: Path) -> Step:
+    """'networkctl reload': networkd reconfigures the links whose .network changed."""
+
+    def action() -> None:
+        if not networkd_running(root):
+            raise Skipped("systemd-networkd is not running; it reads the files when it starts")
+        proc.run(["networkctl", "reload"], timeout=60)
+
+    return Step("run networkctl reload", action)
+
+
 def plan_enable(
     root: Path,
     uplinks: List[str],
     forwarding: bool,
     persist: bool,
+    networkd: bool = False,
 ) -> Tuple[List[Step], List[str], List[str]]:
-    """The steps of enable in their order, the uplinks to solicit on, and the snippets."""
+    """The steps of enable in their order, the uplinks to solicit on, and the snippets.
+
+    With networkd, a link that systemd-networkd manages gets networkd's own configuration
+    (a drop-in with IPv6AcceptRA=yes and its forwarding setting) instead of advice.
+    """
     steps: List[Step] = []
+    networkd_steps: List[Step] = []
     snippets: List[str] = []
     solicit_on: List[str] = []
     previous = read_dropin(root) if persist else None
-    state = previous or Persisted()
-    state = Persisted(
-        list(state.uplinks), state.forwarding, dict(state.saved_accept_ra), state.saved_forwarding
-    )
+    state = (previous or Persisted()).copy()
     kernel_uplinks = []
     blocked = False
     for name in uplinks:
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
+            if networkd and owner.name == owners.NETWORKD:
+                step = networkd_native_step(root, owner, name)
+                if step is not None:
+                    networkd_steps.append(step)
+                    state.managed[name] = owner.name
+                    continue
             if not manager_keeps_ra(root, owner):
-                snippets.append(snippet(owner, name))
+                snippets.append(snippet(owner, name, root))
                 blocked = True
+            else:
+                # Recorded like any other uplink: disable must know it is still enabled.
+                state.managed[name] = owner.name
             continue
         if ifupdown_conflicts(owner):
-            snippets.append(snippet(owner, name))
+            snippets.append(snippet(owner, name, root))
         kernel_uplinks.append(name)
         current = read_sysctl(root, name, "accept_ra")
         if current != 2 or name not in state.uplinks:
@@ -737,14 +888,21 @@ def plan_enable(
             if state.saved_forwarding is None:
                 state.saved_forwarding = current_forwarding
         state.forwarding = True
-    if persist:
+    if persist and not state.empty:
+        # An empty state (every uplink refused) writes nothing, not a header-only file.
         text = state.render()
         if previous is None or previous.render() != text:
             # First: where /etc cannot be written, the running system stays untouched too;
             # where a sysctl write fails later, _run_steps puts the old file back.
             steps.insert(0, dropin_step(root, text))
+    if networkd_steps:
+        # networkd's configuration before any sysctl: a failure leaves the system as it was.
+        networkd_steps.append(networkd_reload_step(root))
+        steps[
+            1 if persist and steps and steps[0].text.startswith("write ") else 0 : 0
+        ] = networkd_steps
     for name in solicit_on:
-        steps.append(solicit_step(name))
+        steps.append(solicit_step(name, root))
     return steps, solicit_on, snippets
 
 
@@ -754,7 +912,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
     _require_present(root, uplinks)
     with _lock(root, args.dry_run):
         steps, _, snippets = plan_enable(
-            root, uplinks, not args.no_forwarding, not args.no_persist
+            root, uplinks, not args.no_forwarding, not args.no_persist, args.networkd
         )
         _run_steps(steps, args.dry_run)
     if not steps:
@@ -767,12 +925,14 @@ def cmd_enable(args: argparse.Namespace) -> int:
 def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[Step], List[str]]:
     """The steps of disable, and notes on what it leaves alone."""
     steps: List[Step] = []
+    networkd_steps: List[Step] = []
     notes: List[str] = []
     # Read with --no-persist too: the recorded values are what the running system gets back.
     previous = read_dropin(root)
     state = previous or Persisted()
     default_accept_ra = read_sysctl(root, "default", "accept_ra")
-    remaining = [n for n in state.uplinks if n not in uplinks]
+    # Every uplink enable recorded counts, also those networkd or NetworkManager handle.
+    remaining = [n for n in state.all_uplinks if n not in uplinks]
     if (
         previous is not None
         and not remaining
@@ -784,7 +944,11 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
         if not sysctl_path(root, name, "accept_ra").exists():
             notes.append(f"skipped: restore accept_ra on {name}: the interface is not present")
             continue
-        if name not in state.saved_accept_ra and owners.detect(root, name).handles_ra_itself:
+        owner = owners.detect(root, name)
+        dropin = networkd_dropin(root, owner)
+        if dropin is not None and dropin.exists():
+            networkd_steps.append(file_removal_step(dropin))
+        if name not in state.saved_accept_ra and owner.handles_ra_itself:
             log.info("%s is managed by its network manager: accept_ra left alone", name)
             continue
         if name in state.saved_accept_ra:
@@ -800,15 +964,18 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
             steps.append(sysctl_step(root, name, "accept_ra", target, current))
     if persist and previous is not None:
         new = Persisted(
-            remaining,
+            [n for n in previous.uplinks if n in remaining],
             previous.forwarding,
             {k: v for k, v in previous.saved_accept_ra.items() if k in remaining},
             previous.saved_forwarding,
+            {k: v for k, v in previous.managed.items() if k in remaining},
         )
         if not remaining:
             steps.insert(0, dropin_step(root, None))
         elif new.render() != previous.render():
             steps.insert(0, dropin_step(root, new.render()))
+    if networkd_steps and persist:
+        steps.extend([*networkd_steps, networkd_reload_step(root)])
     return steps, notes
 
 
@@ -816,7 +983,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _unique_names(args.uplinks)
     persisted = read_dropin(root)
-    _require_present(root, uplinks, persisted.uplinks if persisted else ())
+    _require_present(root, uplinks, persisted.all_uplinks if persisted else ())
     with _lock(root, args.dry_run):
         steps, notes = plan_disable(root, uplinks, not args.no_persist)
         _run_steps(steps, args.dry_run)
@@ -840,8 +1007,9 @@ def wait_for_sysctl(root: Path, ifname: str, timeout: float = 2.0) -> bool:
     return True
 
 
-def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
-    """accept_ra=2 on an uplink that appeared, then a solicitation; True if it changed."""
+def configure_new(root: Path, ifname: str, dry_run: bool, lowered: Optional[int] = None) -> bool:
+    """accept_ra=2 on an uplink that appeared (or whose accept_ra was lowered), then a
+    solicitation; True if it changed."""
     try:
         validate_ifname(ifname)
     except Error as exc:
@@ -869,7 +1037,10 @@ def configure_new(root: Path, ifname: str, dry_run: bool) -> bool:
     except Error as exc:  # the interface went away again
         log.warning("%s", exc)
         return False
-    print(f"{ifname}: set accept_ra=2 (was {current})", flush=True)
+    # A link event, not a uevent: an ifup lowered it, or (a new interface) the
+    # rtnetlink event came before the uevent.
+    why = ", seen on a link event" if lowered is not None else ""
+    print(f"{ifname}: set accept_ra=2 (was {current}{why})", flush=True)
     if link_is_up(root, ifname):
         solicit(ifname)
     else:
@@ -907,9 +1078,37 @@ def watch_config(root: Path, args: argparse.Namespace) -> Config:
     return config
 
 
+def valid_names(names: Iterable[str]) -> List[str]:
+    """The names enable would accept; the others are left alone with a warning."""
+    good = []
+    for name in names:
+        try:
+            good.append(validate_ifname(name))
+        except Error as exc:
+            log.warning("ignored: %s", exc)
+    return good
+
+
+def watched(root: Path, config: Config) -> Config:
+    """What watch keeps: UPLINKS, plus the kernel uplinks enable recorded in the drop-in
+    (an ifup that writes accept_ra 1 must not undo those either). Forwarding follows
+    FORWARDING when UPLINKS is set, else the drop-in (systemd-sysctl applies it)."""
+    try:
+        persisted = read_dropin(root)
+    except Error as exc:
+        log.warning("%s", exc)
+        persisted = None
+    if persisted is None or not persisted.uplinks:
+        return config
+    extra = [n for n in persisted.uplinks if n not in config.uplinks]
+    if not config.uplinks:
+        return Config(extra, persisted.forwarding)
+    return Config(config.uplinks + extra, config.forwarding)
+
+
 def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
     """What enable --no-persist does, for the existing interfaces that match UPLINKS."""
-    existing = [n for n in ipv6_interfaces(root) if matches(config.uplinks, n)]
+    existing = valid_names(n for n in ipv6_interfaces(root) if matches(config.uplinks, n))
     if existing:
         steps, _, snippets = plan_enable(root, existing, config.forwarding, persist=False)
         _run_steps(steps, dry_run)
@@ -919,6 +1118,99 @@ def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
         current = read_sysctl(root, "all", "forwarding")
         if current != 1:
             _run_steps([sysctl_step(root, "all", "forwarding", 1, current)], dry_run)
+
+
+# --- rtnetlink: an ifup, NetworkManager or networkd lowering accept_ra ------------------------
+#
+# No event says "accept_ra changed": RTM_NEWNETCONF carries forwarding, proxy_ndp and
+# mc_forwarding only. But whoever lowers accept_ra on an uplink does it while configuring
+# the link: ifupdown writes accept_ra, then sets the link up (RTM_NEWLINK) and the kernel
+# adds its link-local address (RTM_NEWADDR); ifdown/ifup, NetworkManager and networkd
+# reconfiguring a link change its flags and addresses the same way. So watch re-reads
+# accept_ra of a matching uplink on every link or IPv6 address event for it, and of every
+# matching uplink on an IPv6 netconf event (forwarding switched) and once a minute (a bare
+# 'sysctl -w' raises no event).
+
+NETLINK_ROUTE = 0
+SOL_NETLINK = 270
+NETLINK_ADD_MEMBERSHIP = 1
+RTNLGRP_LINK = 1
+RTNLGRP_IPV6_IFADDR = 9
+RTNLGRP_IPV6_NETCONF = 25
+RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_DELADDR = 16, 17, 20, 21
+RTM_NEWNETCONF = 80
+RECHECK_SECONDS = 60.0
+ALL = -1  # "every uplink" in the result of netlink_indexes
+
+
+def rtnetlink_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
+    sock.bind((0, 0))
+    for group in (RTNLGRP_LINK, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_NETCONF):
+        sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)
+    return sock
+
+
+def netlink_indexes(data: bytes) -> set:
+    """The interface indexes that rtnetlink messages are about; ALL for a netconf one.
+
+    struct nlmsghdr (16 bytes: len, type, flags, seq, pid), then struct ifinfomsg
+    (family, pad, type, index, ...) or struct ifaddrmsg (family, prefixlen, flags, scope,
+    index): either way the index is the 32-bit word 4 bytes into the payload.
+    """
+    found = set()
+    offset = 0
+    while offset + 16 <= len(data):
+        length, kind = struct.unpack_from("=IH", data, offset)
+        if length < 16 or offset + length > len(data):
+            break
+        if kind in (RTM_NEWLINK, RTM_NEWADDR, RTM_DELADDR) and length >= 24:
+            found.add(struct.unpack_from("=i", data, offset + 20)[0])
+        elif kind == RTM_NEWNETCONF:
+            found.add(ALL)
+        offset += (length + 3) & ~3
+    return found
+
+
+def drain_netlink(sock: socket.socket) -> set:
+    found: set = set()
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return found
+        except OSError as exc:  # ENOBUFS: events were lost; look at everything
+            log.info("rtnetlink: %s: checking every uplink", exc.strerror or exc)
+            return {ALL}
+        found |= netlink_indexes(data)
+
+
+def recheck(root: Path, config: Config, indexes: set, dry_run: bool) -> List[str]:
+    """Raise accept_ra back to 2 on matching uplinks that lost it; the names changed."""
+    if ALL in indexes:
+        names = [n for n in ipv6_interfaces(root) if matches(config.uplinks, n)]
+    else:
+        names = []
+        for index in sorted(indexes):
+            try:
+                name = socket.if_indextoname(index)
+            except OSError:
+                continue  # gone again
+            if matches(config.uplinks, name):
+                names.append(name)
+    changed = []
+    for name in valid_names(names):
+        try:
+            current = read_sysctl(root, name, "accept_ra")
+        except Error:
+            continue
+        if current == 2:
+            continue
+        if owners.detect(root, name).handles_ra_itself:
+            continue  # networkd and NetworkManager own accept_ra (0) on their links
+        if configure_new(root, name, dry_run, lowered=current):
+            changed.append(name)
+    return changed
 
 
 def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config:
@@ -947,17 +1239,19 @@ def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config
 
 def cmd_watch(args: argparse.Namespace) -> int:
     root = ROOT
-    config = watch_config(root, args)
+    config = watched(root, watch_config(root, args))
     if not config.uplinks:
         print(f"no uplinks configured (UPLINKS in {root / DEFAULTS_FILE}): nothing to watch")
         return EXIT_OK
     source = udev_source(root)
     monitor = None
+    rtnl = None
     if not args.once:
         # Listen before looking at the existing interfaces, so that none slips between.
         monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
         monitor.filter_by("net")
         monitor.start()
+        rtnl = rtnetlink_socket()
     stop: List[bool] = []
     reload: List[bool] = []
     if not args.once:
@@ -976,21 +1270,43 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return EXIT_OK
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
     print(f"watching for {' '.join(config.uplinks)}", flush=True)
+    try:
+        watch_loop(root, args, config, monitor, rtnl, stop, reload)
+    finally:
+        if rtnl is not None:
+            rtnl.close()
+    return EXIT_OK
+
+
+def watch_loop(root, args, config, monitor, rtnl, stop, reload) -> None:
+    """uevents for new and renamed interfaces; rtnetlink events (and a periodic look) for
+    uplinks whose accept_ra something lowered."""
+    next_recheck = time.monotonic() + RECHECK_SECONDS
     while not stop:
         if reload:
             reload.clear()
-            config = reload_watch(root, args, config)
+            config = watched(root, reload_watch(root, args, config))
             continue
-        try:
-            device = monitor.poll(timeout=1)
-        except InterruptedError:
-            continue
-        if device is None or device.action not in ("add", "move"):
-            continue
-        name = device.sys_name
-        if matches(config.uplinks, name):
-            configure_new(root, name, args.dry_run)
-    return EXIT_OK
+        if rtnl is not None:
+            ready = select.select([monitor, rtnl], [], [], 1.0)[0]
+        else:  # tests: a stand-in monitor without a file descriptor
+            ready = [monitor]
+        indexes = drain_netlink(rtnl) if rtnl is not None and rtnl in ready else set()
+        if monitor in ready:
+            while True:
+                device = monitor.poll(timeout=0)
+                if device is None:
+                    break
+                if device.action in ("add", "move") and matches(config.uplinks, device.sys_name):
+                    configure_new(root, device.sys_name, args.dry_run)
+        if time.monotonic() >= next_recheck:
+            indexes.add(ALL)
+            next_recheck = time.monotonic() + RECHECK_SECONDS
+        if indexes:
+            try:
+                recheck(root, config, indexes, args.dry_run)
+            except Error as exc:
+                log.warning("%s", exc)
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -1030,6 +1346,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-persist", action="store_true", help=f"change the running system only, not /{DROPIN}"
+    )
+    p.add_argument(
+        "--networkd",
+        action="store_true",
+        help="give uplinks that systemd-networkd manages networkd's own configuration "
+        "(IPv6AcceptRA=yes and its forwarding setting, in a drop-in), then networkctl reload",
     )
     p.add_argument(
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"

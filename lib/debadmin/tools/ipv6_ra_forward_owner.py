@@ -10,7 +10,7 @@ import glob
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from debadmin import sysconf
 from debadmin.errors import Error
@@ -150,21 +150,145 @@ def networkd_state(root: Path, index: Optional[int]) -> Optional[Dict[str, str]]
     return state
 
 
-def networkd_accepts_ra(root: Path, path: Path) -> bool:
-    """Whether a .network file or its drop-ins say IPv6AcceptRA=yes explicitly.
+def networkd_network_settings(root: Path, path: Path) -> Dict[str, str]:
+    """The [Network] keys of a .network file and its drop-ins, the last assignment winning.
 
     Drop-ins are read as systemd reads them: NAME.network.d/*.conf from every search
     directory, sorted by file name across all of them, a file in an earlier directory
-    (/etc) masking the same name in later ones (/usr/lib); the last assignment wins.
+    (/etc) masking the same name in later ones (/usr/lib).
     """
     dropin_dirs = [f"{base}/{path.name}.d" for base in NETWORKD_DIRS]
     files = [path, *sysconf.dropin_files(root, dropin_dirs, ".conf")]
+    values: Dict[str, str] = {}
+    for file in files:
+        parser = _ini(_read(file) or "")
+        if parser.has_section("Network"):
+            for key, value in parser.items("Network"):
+                values[key] = value.strip()
+    return values
+
+
+def networkd_accepts_ra(root: Path, path: Path) -> bool:
+    """Whether a .network file or its drop-ins say IPv6AcceptRA=yes explicitly."""
+    return parse_boolean(networkd_network_settings(root, path).get("IPv6AcceptRA")) is True
+
+
+def parse_boolean(value: Optional[str]) -> Optional[bool]:
+    """systemd's parse_boolean(); None when unset or not a boolean."""
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value in ("1", "yes", "y", "true", "t", "on"):
+        return True
+    if value in ("0", "no", "n", "false", "f", "off"):
+        return False
+    return None
+
+
+def systemd_version(root: Path) -> Optional[int]:
+    """The major version of the installed systemd package (252 on bookworm, 257 on trixie)."""
+    text = _read(root / "var/lib/dpkg/status") or ""
+    for paragraph in text.split("\n\n"):
+        fields = dict(
+            line.split(":", 1) for line in paragraph.splitlines() if ":" in line and line[0] != " "
+        )
+        if fields.get("Package", "").strip() == "systemd" and "installed" in fields.get(
+            "Status", ""
+        ):
+            digits = ""
+            for char in fields.get("Version", "").strip():
+                if not char.isdigit():
+                    break
+                digits += char
+            return int(digits) if digits else None
+    return None
+
+
+# systemd 256 replaced the .network file's IPForward= (since ignored with a warning) by
+# IPv4Forwarding= and IPv6Forwarding=, per link and in networkd.conf.
+NETWORKD_PER_FAMILY_FORWARDING = 256
+
+NETWORKD_CONF_DIRS = (
+    "etc/systemd/networkd.conf.d",
+    "run/systemd/networkd.conf.d",
+    "usr/local/lib/systemd/networkd.conf.d",
+    "usr/lib/systemd/networkd.conf.d",
+)
+
+
+def networkd_global_ipv6_forwarding(root: Path) -> Optional[bool]:
+    """[Network] IPv6Forwarding= of networkd.conf and its drop-ins (systemd >= 256)."""
+    files = [root / "etc/systemd/networkd.conf"]
+    files += sysconf.dropin_files(root, NETWORKD_CONF_DIRS, ".conf")
     value = None
     for file in files:
         parser = _ini(_read(file) or "")
-        if parser.has_option("Network", "IPv6AcceptRA"):
-            value = parser.get("Network", "IPv6AcceptRA").strip().lower()
-    return value in ("yes", "true", "1", "on")
+        if parser.has_option("Network", "IPv6Forwarding"):
+            value = parse_boolean(parser.get("Network", "IPv6Forwarding"))
+    return value
+
+
+def _ipv6_in_family(value: Optional[str]) -> bool:
+    """IPForward= / IPMasquerade= values that include IPv6: yes (both), ipv6, both."""
+    if value is None:
+        return False
+    value = value.strip().lower()
+    return value in ("ipv6", "both") or parse_boolean(value) is True
+
+
+def networkd_ra_verdict(
+    root: Path, path: Optional[Path], version: Optional[int]
+) -> Tuple[bool, str]:
+    """Whether systemd-networkd handles router advertisements on the link, and why.
+
+    networkd runs its own RA client and sets the kernel's accept_ra to 0, so the kernel's
+    forwarding sysctl does not stop it. Read from networkd's source:
+      252 (bookworm) network_adjust_ipv6_accept_ra(): an unset IPv6AcceptRA= becomes
+        !(ip_forward & IPv6), and ip_forward comes from the link's IPForward=
+        (yes, ipv6) or its IPMasquerade= (ipv6, both).
+      257 (trixie) link_ndisc_enabled(): an explicit IPv6AcceptRA= wins; else
+        IPv6SendRA=yes disables it; else link_get_ip_forwarding(AF_INET6): the link's
+        IPv6Forwarding=, then IPMasquerade= (ipv6, both), then networkd.conf's
+        IPv6Forwarding=; unset everywhere means RAs are handled. IPForward= is ignored.
+    A path of None (no .network file matches) reads as a file without settings.
+    """
+    settings = networkd_network_settings(root, path) if path is not None else {}
+    explicit = parse_boolean(settings.get("IPv6AcceptRA"))
+    if explicit is not None:
+        return explicit, f"IPv6AcceptRA={settings['IPv6AcceptRA']}"
+    modern = version is not None and version >= NETWORKD_PER_FAMILY_FORWARDING
+    if modern:
+        if parse_boolean(settings.get("IPv6SendRA")):
+            return False, f"IPv6SendRA={settings['IPv6SendRA']} without IPv6AcceptRA=yes"
+        forwarding = parse_boolean(settings.get("IPv6Forwarding"))
+        if forwarding is not None:
+            return not forwarding, f"IPv6Forwarding={settings['IPv6Forwarding']}"
+        if _ipv6_in_family(settings.get("IPMasquerade")):
+            return False, f"IPMasquerade={settings['IPMasquerade']} without IPv6AcceptRA=yes"
+        forwarding = networkd_global_ipv6_forwarding(root)
+        if forwarding:
+            return False, "IPv6Forwarding=yes in networkd.conf without IPv6AcceptRA=yes"
+        return True, "no IPv6AcceptRA=, IPv6Forwarding=, IPMasquerade= or IPv6SendRA="
+    if _ipv6_in_family(settings.get("IPForward")):
+        return False, f"IPForward={settings['IPForward']} without IPv6AcceptRA=yes"
+    if _ipv6_in_family(settings.get("IPMasquerade")):
+        return False, f"IPMasquerade={settings['IPMasquerade']} without IPv6AcceptRA=yes"
+    return True, "no IPv6AcceptRA=, IPForward= or IPMasquerade="
+
+
+def networkd_native(root: Path, path: Optional[Path], version: Optional[int]) -> Tuple[str, bool]:
+    """The [Network] text by which networkd itself both forwards and keeps RAs, and
+    whether the link's configuration says so already."""
+    settings = networkd_network_settings(root, path) if path is not None else {}
+    accept = parse_boolean(settings.get("IPv6AcceptRA")) is True
+    if version is not None and version >= NETWORKD_PER_FAMILY_FORWARDING:
+        forwarding = parse_boolean(settings.get("IPv6Forwarding")) is True
+        return "[Network]\nIPv6AcceptRA=yes\nIPv6Forwarding=yes\n", accept and forwarding
+    current = (settings.get("IPForward") or "").strip().lower()
+    # IPForward= is one setting for both families: keep IPv4 forwarding where it was on.
+    ipv4 = current == "ipv4" or parse_boolean(current) is True or current == "both"
+    value = "yes" if ipv4 else "ipv6"
+    return f"[Network]\nIPv6AcceptRA=yes\nIPForward={value}\n", accept and _ipv6_in_family(current)
 
 
 # --- NetworkManager -----------------------------------------------------------------------
