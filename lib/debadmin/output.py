@@ -7,6 +7,8 @@ from typing import Any
 
 def emit_json(document: Any) -> None:
     """Print one JSON document (stable key order as built, UTF-8, trailing newline)."""
-    json.dump(document, sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    # A file name's undecodable bytes (surrogateescape) are lone surrogates, which UTF-8
+    # cannot encode: write them as JSON's own \udcXX escapes, which decode back to them.
+    sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
     sys.stdout.flush()

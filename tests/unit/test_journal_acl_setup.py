@@ -646,3 +646,29 @@ def test_journald_main_conf_by_systemd_version(tmp_path):
     (root / "etc/systemd/journald.conf").unlink()
     (root / "etc/systemd/journald.conf").symlink_to("/dev/null")
     assert jas.journald_storage(root) == ("auto", None)  # masked
+
+
+def test_odd_names_report_on_one_line_and_valid_json(tmp_path, capsys):
+    """A name with a newline or bytes that are not UTF-8 (anyone who can write in the tree
+    can make one): each message stays one escaped line, the JSON subject decodes back to the
+    exact name, and a strict UTF-8 stdout (capsys, a UTF-8 locale) gets no traceback."""
+    root = make_root(tmp_path)
+    machine = root / "var/log/journal/m"
+    machine.mkdir(parents=True)
+    names = [b"bad\xffname.journal", b"nl\nok: fake.journal", b"esc\x1b[2J.journal"]
+    for name in names:
+        path = os.path.join(os.fsencode(machine), name)
+        with open(path, "w", encoding="utf-8"):
+            pass
+        os.chmod(path, 0o600)
+    rc, out, err = run_tool(capsys, "check", "--root", str(root), "-g", "staff")
+    assert rc == 1 and err == ""
+    assert "bad\\xffname.journal" in out and "nl\\x0aok: fake.journal" in out
+    assert "esc\\x1b[2J.journal" in out and "\x1b" not in out
+    assert not any(line.startswith("ok:") for line in out.splitlines())
+    rc, out, err = run_tool(capsys, "check", "--root", str(root), "-g", "staff", "--json")
+    assert rc == 1 and err == ""
+    subjects = {
+        os.fsencode(f["subject"]) for f in json.loads(out)["findings"] if f["code"] == "unreadable"
+    }
+    assert subjects == {os.path.join(os.fsencode(machine), name) for name in names}

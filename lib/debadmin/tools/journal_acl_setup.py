@@ -414,7 +414,9 @@ def scan(
                     ],
                 )
         except walker.AclError as exc:
-            skips.append(walker.Skip("unreadable-acl", node.path, f"{node.path}: {exc}", True))
+            skips.append(
+                walker.Skip("unreadable-acl", node.path, f"{walker.shown(node.path)}: {exc}", True)
+            )
             continue
         cannot_read, no_inherit = verdict
         for name in cannot_read:
@@ -424,14 +426,20 @@ def scan(
     found: List[Finding] = []
     for name in groups:  # the walk goes in directory order; the report in path order
         found += [
-            finding("unreadable", "action", f"group {name} cannot read {path}", path, group=name)
+            finding(
+                "unreadable",
+                "action",
+                f"group {name} cannot read {walker.shown(path)}",
+                path,
+                group=name,
+            )
             for path in sorted(unreadable[name])
         ]
         found += [
             finding(
                 "no-default-acl",
                 "action",
-                f"{path} has no default ACL for group {name}: new files would be unreadable",
+                f"{walker.shown(path)} has no default ACL for group {name}: new files would be unreadable",
                 path,
                 group=name,
             )

@@ -99,6 +99,27 @@ def _proc_hint(exc: OSError) -> str:
     return str(exc.strerror)
 
 
+def shown(path: str) -> str:
+    """path as one printable line for a message: control characters (a newline in a name
+    could fake a line of the report) and undecodable bytes (surrogateescape, which a strict
+    UTF-8 stdout cannot write) as \\xNN or \\uNNNN escapes; the finding's subject keeps
+    the exact name."""
+    if path.isprintable():
+        return path
+    out = []
+    for char in path:
+        code = ord(char)
+        if char.isprintable():
+            out.append(char)
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
 def perms_text(perm: int) -> str:
     return "".join(c if perm & bit else "-" for c, bit in (("r", R), ("w", W), ("x", X)))
 
@@ -144,7 +165,9 @@ class Node:
             if default is not None and self.is_dir:
                 to_acl(default).applyto(magic_link(self.fd), posix1e.ACL_TYPE_DEFAULT)
         except OSError as exc:
-            raise AclError(f"cannot set the ACL of {self.path}: {_proc_hint(exc)}") from None
+            raise AclError(
+                f"cannot set the ACL of {shown(self.path)}: {_proc_hint(exc)}"
+            ) from None
 
 
 def group_can(entries: Optional[Entries], owner_gid: int, gid: int, want: int, default=False):
@@ -244,7 +267,7 @@ def walk(
             Skip(
                 "unreadable-directory",
                 top_path,
-                f"cannot read {top_path}: " f"{exc.strerror}",
+                f"cannot read {shown(top_path)}: {exc.strerror}",
                 action=True,
             )
         )
@@ -253,11 +276,13 @@ def walk(
         path = f"{top_path}/{name}"
         if kind == "link":
             skips.append(
-                Skip("ignored-symlink", path, f"{path} is a symbolic link, never followed")
+                Skip("ignored-symlink", path, f"{shown(path)} is a symbolic link, never followed")
             )
             continue
         if kind == "other":
-            skips.append(Skip("skipped-type", path, f"{path} is not a directory or regular file"))
+            skips.append(
+                Skip("skipped-type", path, f"{shown(path)} is not a directory or regular file")
+            )
             continue
         is_dir = kind == "dir"
         try:
@@ -270,7 +295,10 @@ def walk(
             else:
                 skips.append(
                     Skip(
-                        "unreadable-file", path, f"cannot open {path}: {exc.strerror}", action=True
+                        "unreadable-file",
+                        path,
+                        f"cannot open {shown(path)}: {exc.strerror}",
+                        action=True,
                     )
                 )
             continue
@@ -284,7 +312,7 @@ def walk(
                     Skip(
                         "skipped-owner",
                         path,
-                        f"{path} is owned by uid {st.st_uid}, not root "
+                        f"{shown(path)} is owned by uid {st.st_uid}, not root "
                         "or a journal user: left alone",
                     )
                 )
@@ -294,7 +322,7 @@ def walk(
                     Skip(
                         "skipped-hardlink",
                         path,
-                        f"{path} has {st.st_nlink} hard links: "
+                        f"{shown(path)} has {st.st_nlink} hard links: "
                         "left alone (one of them may be outside the journal)",
                     )
                 )
@@ -305,7 +333,8 @@ def walk(
                         Skip(
                             "skipped-depth",
                             path,
-                            f"{path} is nested more than " f"{MAX_DEPTH} levels deep: left alone",
+                            f"{shown(path)} is nested more than "
+                            f"{MAX_DEPTH} levels deep: left alone",
                         )
                     )
                     continue
@@ -320,7 +349,7 @@ def _changed(path: str) -> Skip:
     return Skip(
         "changed-while-reading",
         path,
-        f"{path} changed type while it was read (replaced by a symbolic link?): not checked",
+        f"{shown(path)} changed type while it was read (replaced by a symbolic link?): not checked",
         action=True,
     )
 
