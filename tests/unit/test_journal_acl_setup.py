@@ -672,3 +672,30 @@ def test_odd_names_report_on_one_line_and_valid_json(tmp_path, capsys):
         os.fsencode(f["subject"]) for f in json.loads(out)["findings"] if f["code"] == "unreadable"
     }
     assert subjects == {os.path.join(os.fsencode(machine), name) for name in names}
+
+
+def test_group_names_end_at_the_end(tmp_path):
+    """re's "$" matches before a final newline: "adm\\n" is no group name."""
+    for name in ("adm\n", "staff$\n"):
+        with pytest.raises(Error, match="invalid group name"):
+            jas.validate_group_name(name)
+    assert jas.validate_group_name("machine$") == "machine$"
+
+
+def test_apply_g_never_requotes_shell_from_the_configuration(tmp_path, capsys):
+    """A configured value that is harmless single-quoted ('$(...)') is refused, never
+    written back in double quotes, where a shell sourcing the file would run it."""
+    root = make_root(tmp_path)
+    (root / "etc/default").mkdir()
+    defaults = root / jas.DEFAULTS_FILE
+    defaults.write_text("# mine\nJOURNAL_ACL_GROUPS='adm $(touch /tmp/pwned)'\n")
+    before = defaults.read_bytes()
+    for argv in (
+        ["apply", "-g", "staff"],
+        ["apply", "-g", "staff", "-n"],
+        ["revert", "-g", "adm"],
+    ):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "invalid group name" in err and err.count("\n") == 1, argv
+        assert defaults.read_bytes() == before
+    assert not (root / "var/log/journal").exists()

@@ -34,7 +34,8 @@ SYSTEMD_SHARED_DIRS = ("usr/lib/systemd", "lib/systemd", "usr/lib/*/systemd")
 JOURNAL_USERS = ("systemd-journal-remote", "systemd-journal-upload", "systemd-journal-gateway")
 STOCK_GROUP = "adm"  # systemd's own tmpfiles.d/systemd.conf grants adm already
 EXPECTED_MODE = 0o2755
-GROUP_NAME = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$")
+# fullmatch only: re's "$" also matches before a final newline.
+GROUP_NAME = re.compile(r"[a-z_][a-z0-9_-]*[$]?")
 # The lines of the tmpfiles.d drop-in, as systemd.conf has them for adm.
 TMPFILES_PATHS = (
     "/var/log/journal",
@@ -69,7 +70,7 @@ def read_groups(root: Path = Path("/")) -> Dict[str, int]:
 
 def validate_group_name(name: str) -> str:
     """Return name if it is a valid group name, else raise."""
-    if len(name) > 32 or not GROUP_NAME.match(name):
+    if len(name) > 32 or not GROUP_NAME.fullmatch(name):
         raise Error(f"invalid group name: {name!r}")
     return name
 
@@ -105,6 +106,11 @@ def configured_groups(root: Path = Path("/")) -> List[str]:
     values = sysconf.read_default(root / DEFAULTS_FILE, ["JOURNAL_ACL_GROUPS"]) or {}
     _, value = values.get("JOURNAL_ACL_GROUPS", (0, ""))
     names = [n for n in re.split(r"[\s,]+", value) if n]
+    for name in names:  # apply -g writes them back, in double quotes
+        if len(name) > 32 or not GROUP_NAME.fullmatch(name):
+            raise Error(
+                f"{root / DEFAULTS_FILE}: invalid group name in JOURNAL_ACL_GROUPS: {name!r}"
+            )
     return names or [STOCK_GROUP]
 
 
@@ -126,6 +132,8 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
     without one gets it appended.
     """
     path = root / DEFAULTS_FILE
+    for name in names:  # also those read from the file: it is written in double quotes
+        validate_group_name(name)
     line = f'JOURNAL_ACL_GROUPS="{" ".join(names)}"\n'
     text = fsutil.read_text(path)
     if text is None:
@@ -561,7 +569,7 @@ def read_tmpfiles_dropin(root: Path = Path("/")) -> Optional[Dict[str, bool]]:
             raise Error(f"{path}:{number}: not a line {PROG} writes; fix or remove the file")
         for entry in fields[6].split(","):
             match = TMPFILES_ENTRY.match(entry)
-            if not match or len(match.group(1)) > 32 or not GROUP_NAME.match(match.group(1)):
+            if not match or len(match.group(1)) > 32 or not GROUP_NAME.fullmatch(match.group(1)):
                 raise Error(f"{path}:{number}: unexpected ACL entry {entry!r}")
             found[fields[1]].append(entry)
             if match.group(1) not in names:
