@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -699,3 +700,52 @@ def test_apply_g_never_requotes_shell_from_the_configuration(tmp_path, capsys):
         assert rc == 2 and "invalid group name" in err and err.count("\n") == 1, argv
         assert defaults.read_bytes() == before
     assert not (root / "var/log/journal").exists()
+
+
+WALK_IN_MOUNTS = r"""
+set -e
+top=$1/top
+mkdir -p "$top/a/loop" "$top/b" "$top/c" "$1/outside"
+echo s > "$1/outside/secret"
+mount --bind "$top" "$top/a/loop"
+mount --bind "$1/outside" "$top/b"
+mount -t tmpfs tmpfs "$top/c"
+echo t > "$top/c/other.journal"
+exec "$2" -c '
+import os, sys
+from debadmin.tools import journal_acl_setup_walk as W
+fd = os.open(sys.argv[1], W.O_DIR)
+skips = []
+for node in W.walk(fd, sys.argv[1], {0}, skips):
+    print("walked", node.path[len(sys.argv[1]):])
+for skip in skips:
+    print(skip.code, skip.path[len(sys.argv[1]):])
+' "$top"
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="bind mounts need root and unshare"
+)
+def test_walk_stays_on_its_mount(tmp_path):
+    """A bind mount below the journal (of the journal itself: a loop; of a directory from
+    outside it) and another filesystem mounted there are not walked, in a mount namespace
+    of the test's own."""
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jas.__file__))))
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", WALK_IN_MOUNTS, "sh"]
+        + [str(tmp_path), sys.executable],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=lib),
+    )
+    if result.returncode != 0 and "unshare" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        "skipped-mount /a/loop",
+        "skipped-mount /b",
+        "skipped-mount /c",
+        "walked ",
+        "walked /a",
+    ]

@@ -241,22 +241,44 @@ class Skip:
         self.code, self.path, self.message, self.action = code, path, message, action
 
 
-def walk(
-    top_fd: int,
-    top_path: str,
-    allowed_uids: Set[int],
-    skips: List[Skip],
-    depth: int = 0,
-) -> Iterator[Node]:
+def mount_id(fd: int) -> Optional[int]:
+    """The id of the mount fd is on, from /proc/self/fdinfo (None where /proc is missing):
+    a bind mount of the same filesystem has the same st_dev, but not the same mount."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            for line in info:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def walk(top_fd: int, top_path: str, allowed_uids: Set[int], skips: List[Skip]) -> Iterator[Node]:
     """Yield top and every directory and regular file under it, each open while yielded.
 
     Never follows a symbolic link; skips (into skips) what is not a directory or regular
-    file, what is not owned by one of allowed_uids, a file with more than one link, and a
-    name whose type changed between reading the directory and opening it.  Files that
-    vanish meanwhile (journald rotates and vacuums) are passed over in silence.  The
-    caller owns top_fd; the descriptors of everything below are closed here.
+    file, what is not owned by one of allowed_uids, a file with more than one link, a
+    name whose type changed between reading the directory and opening it, and what is on
+    another mount than top (a filesystem mounted below it, a bind mount, which could
+    bring a directory from outside the journal or top itself, a loop, into the walk).
+    Files that vanish meanwhile (journald rotates and vacuums) are passed over in
+    silence.  The caller owns top_fd; the descriptors of everything below are closed here.
     """
-    yield Node(top_path, top_fd, os.fstat(top_fd), True)
+    st = os.fstat(top_fd)
+    return _walk(top_fd, top_path, st, allowed_uids, skips, 0, (st.st_dev, mount_id(top_fd)))
+
+
+def _walk(
+    top_fd: int,
+    top_path: str,
+    top_st: os.stat_result,
+    allowed_uids: Set[int],
+    skips: List[Skip],
+    depth: int,
+    mount: Tuple[int, Optional[int]],
+) -> Iterator[Node]:
+    yield Node(top_path, top_fd, top_st, True)
     try:
         with os.scandir(top_fd) as it:
             entries = [(e.name, _kind(e)) for e in it]
@@ -307,6 +329,16 @@ def walk(
             if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
                 skips.append(_changed(path))
                 continue
+            if st.st_dev != mount[0] or (is_dir and mount_id(fd) != mount[1]):
+                skips.append(
+                    Skip(
+                        "skipped-mount",
+                        path,
+                        f"{shown(path)} is a mount point (or on another filesystem): "
+                        "not walked, left alone",
+                    )
+                )
+                continue
             if st.st_uid not in allowed_uids:
                 skips.append(
                     Skip(
@@ -338,7 +370,7 @@ def walk(
                         )
                     )
                     continue
-                yield from walk(fd, path, allowed_uids, skips, depth + 1)
+                yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount)
             else:
                 yield Node(path, fd, st, False)
         finally:
