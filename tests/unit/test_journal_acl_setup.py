@@ -749,3 +749,32 @@ def test_walk_stays_on_its_mount(tmp_path):
         "walked ",
         "walked /a",
     ]
+
+
+@needs_acl_tools
+@needs_root
+def test_no_proc_refuses_before_any_change(tmp_path, capsys, monkeypatch):
+    """Without /proc (a chroot, an image being built) default ACLs cannot be set by
+    descriptor: apply and revert refuse in one line and change nothing, never by name."""
+    root = make_image(tmp_path)
+    assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    journal = root / "var/log/journal"
+    os.chmod(journal, 0o755)
+    (journal / "m").mkdir()
+    before = subprocess.run(
+        ["getfacl", "-RPn", "--absolute-names", str(root)], capture_output=True, check=True
+    ).stdout
+    monkeypatch.setattr(W, "magic_link", lambda fd: f"{tmp_path}/no-proc/self/fd/{fd}")
+    for argv in (["apply", "-g", "staff"], ["revert", "-g", "staff"]):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "is /proc mounted?" in err and err.count("\n") == 1, (argv, out)
+        after = subprocess.run(
+            ["getfacl", "-RPn", "--absolute-names", str(root)], capture_output=True, check=True
+        ).stdout
+        assert after == before and os.stat(journal).st_mode & 0o7777 == 0o755
+        assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+    os.chmod(journal, 0o2755)
+    (root / jas.TMPFILES_DROPIN).unlink()  # only the drop-in left to write: not half of it
+    rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
+    assert rc == 2 and "is /proc mounted?" in err and out == ""
+    assert not (root / jas.TMPFILES_DROPIN).exists()

@@ -376,6 +376,15 @@ def open_journal(journal: Path) -> Optional[int]:
         raise Error(f"cannot open {journal}: {exc.strerror}") from None
 
 
+def require_magic_links(fd: int, directory: Path) -> None:
+    """Refuse, before any change, where default ACLs cannot be set by descriptor."""
+    if not walker.magic_links_work(fd):
+        raise Error(
+            f"{walker.magic_link(fd)} does not lead to the open {directory} (is /proc "
+            "mounted?): default ACLs are set through it, never by name; nothing changed"
+        )
+
+
 def skip_findings(skips: List[walker.Skip]) -> List[Finding]:
     return [finding(s.code, "action" if s.action else "warning", s.message, s.path) for s in skips]
 
@@ -504,6 +513,7 @@ def revoke_tree(journal: Path, gids: Set[int], uids: Set[int], dry_run: bool = F
     skips: List[walker.Skip] = []
     touched = 0
     try:
+        require_magic_links(fd, journal)
         for node in walker.walk(fd, str(journal), uids, skips):
             try:
                 access, default = node.acls()
@@ -730,6 +740,19 @@ def preflight(state: State) -> None:
         writable((state.root / TMPFILES_DROPIN).parent)
     if codes & {"journal-missing", "journal-ownership", "unreadable", "no-default-acl"}:
         probe_acl_support(state.journal if state.exists else parent)
+    # Always: a check without /proc reports unreadable default ACLs, which apply cannot fix,
+    # and stopping after the drop-in and configuration steps would be half an apply.
+    target = state.journal if state.exists else parent
+    try:
+        fd = open_journal(target) if state.exists else os.open(parent, os.O_DIRECTORY)
+    except OSError as exc:
+        raise Error(f"cannot open {parent}: {exc.strerror}") from None
+    if fd is None:
+        raise Error(f"{target} vanished while it was read")
+    try:
+        require_magic_links(fd, target)
+    finally:
+        os.close(fd)
 
 
 def tmpfiles(root: Path, *extra: str) -> None:

@@ -93,6 +93,16 @@ def magic_link(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
+def magic_links_work(fd: int) -> bool:
+    """Whether magic_link(fd) leads to the inode open as fd: not where /proc is not
+    mounted (a chroot, an image being built), nor where something else sits there."""
+    try:
+        link, st = os.stat(magic_link(fd)), os.fstat(fd)
+    except OSError:
+        return False
+    return (link.st_dev, link.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _proc_hint(exc: OSError) -> str:
     if exc.errno == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
         return f"{exc.strerror} (is /proc mounted?)"
