@@ -778,3 +778,17 @@ def test_no_proc_refuses_before_any_change(tmp_path, capsys, monkeypatch):
     rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
     assert rc == 2 and "is /proc mounted?" in err and out == ""
     assert not (root / jas.TMPFILES_DROPIN).exists()
+
+
+def test_apply_g_keeps_a_symlinked_configuration(tmp_path, capsys):
+    """/etc/default/journal-acl-setup as a link to a managed file: the target is updated,
+    the link and the comments stay."""
+    root = make_root(tmp_path)
+    (root / "etc/default").mkdir()
+    (root / "etc/site").mkdir()
+    target = root / "etc/site/journal-acl-setup"
+    target.write_text('# managed\nJOURNAL_ACL_GROUPS="adm"\n# end\n')
+    (root / jas.DEFAULTS_FILE).symlink_to("../site/journal-acl-setup")
+    jas.write_configured_groups(root, ["adm", "staff"])
+    assert os.readlink(root / jas.DEFAULTS_FILE) == "../site/journal-acl-setup"
+    assert target.read_text() == '# managed\nJOURNAL_ACL_GROUPS="adm staff"\n# end\n'

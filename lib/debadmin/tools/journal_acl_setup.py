@@ -147,7 +147,9 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
         lines.append(line)
-    fsutil.atomic_write(path, "".join(lines))
+    # An admin's link (to a file kept under configuration management) stays a link: its
+    # target is rewritten (check_paths has made sure it stays inside an image).
+    fsutil.atomic_write(path, "".join(lines), follow_symlinks=True)
 
 
 # --- state -----------------------------------------------------------------------------------
