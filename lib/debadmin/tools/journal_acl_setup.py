@@ -396,9 +396,9 @@ def scan(
 ) -> Tuple[List[Finding], int]:
     """What each group cannot read under the journal, and how many paths were read.
 
-    Verdicts are kept by the ACLs' text (numeric ids), owning group and type: a journal
-    holds thousands of files with a handful of distinct ACLs, and turning each into
-    entries and judging them is most of the cost.
+    Verdicts are kept by the ACLs' raw extended attributes, mode, owning group and type:
+    a journal holds thousands of files with a handful of distinct ACLs, and having libacl
+    parse each one is most of the cost.
     """
     skips: List[walker.Skip] = []
     unreadable: Dict[str, List[str]] = {name: [] for name in groups}
@@ -407,15 +407,14 @@ def scan(
     verdicts: Dict[tuple, Tuple[List[str], List[str]]] = {}
     count = 0
     want_dir, want_file = walker.R | walker.X, walker.R
-    text = walker.text
     for node in walker.walk(fd, str(journal), uids, skips):
         count += 1
         st, is_dir = node.st, node.is_dir
         try:
-            access, default = node.read()
-            key = (text(access), text(default) if is_dir else None, st.st_gid, is_dir)
+            key = (node.raw(), st.st_mode & 0o777, st.st_gid, is_dir)
             verdict = verdicts.get(key)
             if verdict is None:
+                access, default = node.read()
                 entries = walker.entries(access) or walker.from_mode(st.st_mode)
                 defaults = walker.entries(default) if default is not None else None
                 want = want_dir if is_dir else want_file
