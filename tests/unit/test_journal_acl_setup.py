@@ -792,3 +792,30 @@ def test_apply_g_keeps_a_symlinked_configuration(tmp_path, capsys):
     jas.write_configured_groups(root, ["adm", "staff"])
     assert os.readlink(root / jas.DEFAULTS_FILE) == "../site/journal-acl-setup"
     assert target.read_text() == '# managed\nJOURNAL_ACL_GROUPS="adm staff"\n# end\n'
+
+
+PRERM = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "debian/journal-acl-setup.prerm",
+)
+
+
+@pytest.mark.parametrize(
+    "action,rc,warned",
+    [("remove", 0, False), ("remove", 3, False), ("remove", 2, True), ("upgrade", 0, False)],
+)
+def test_prerm_never_fails_and_never_reverts_on_upgrade(tmp_path, action, rc, warned):
+    """prerm runs revert --all on remove only; no journald (exit 3) is no warning; an
+    error is one line; the apt transaction never fails."""
+    fake = tmp_path / "bin/journal-acl-setup"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\nexit {rc}\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    result = subprocess.run(
+        ["sh", PRERM, action], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0 and result.stdout == ""
+    assert (result.stderr.count("\n") == 1) is warned and (result.stderr == "") is not warned
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert calls == ("revert --all --quiet\n" if action == "remove" else "")
