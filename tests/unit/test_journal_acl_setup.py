@@ -819,3 +819,26 @@ def test_prerm_never_fails_and_never_reverts_on_upgrade(tmp_path, action, rc, wa
     assert (result.stderr.count("\n") == 1) is warned and (result.stderr == "") is not warned
     calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
     assert calls == ("revert --all --quiet\n" if action == "remove" else "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of two owners need root")
+def test_walk_skips_root_files_in_a_users_directory(tmp_path):
+    """The owner of a directory in the journal (systemd-journal-remote) can keep a hard
+    link to a root file whose other name is replaced since (fs.protected_hardlinks=0: an
+    old /etc/shadow), leaving one link: it is not the directory owner's, so no ACL."""
+    top = tmp_path / "top"
+    (top / "remote").mkdir(parents=True)
+    (top / "remote/remote-host.journal").write_text("r")
+    (top / "remote/old-shadow").write_text("s")
+    os.chown(top / "remote", 64100, 64100)
+    os.chown(top / "remote/remote-host.journal", 64100, 64100)
+    fd = os.open(top, W.O_DIR)
+    skips = []
+    try:
+        paths = [n.path[len(str(top)) :] for n in W.walk(fd, str(top), {0, 64100}, skips)]
+    finally:
+        os.close(fd)
+    assert sorted(paths) == ["", "/remote", "/remote/remote-host.journal"]
+    assert [(s.code, s.path[len(str(top)) :]) for s in skips] == [
+        ("skipped-owner", "/remote/old-shadow")
+    ]

@@ -378,6 +378,19 @@ def _walk(
                     )
                 )
                 continue
+            if top_st.st_uid != 0 and st.st_uid != top_st.st_uid:
+                # In systemd-journal-remote's directory everything is its own: a file of
+                # root's there was put there (a hard link whose other name is gone since,
+                # with fs.protected_hardlinks=0), not written by it.
+                skips.append(
+                    Skip(
+                        "skipped-owner",
+                        path,
+                        f"{shown(path)} is owned by uid {st.st_uid} in a directory of uid "
+                        f"{top_st.st_uid}: left alone",
+                    )
+                )
+                continue
             if not is_dir and st.st_nlink > 1:
                 skips.append(
                     Skip(
