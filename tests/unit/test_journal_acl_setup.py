@@ -842,3 +842,25 @@ def test_walk_skips_root_files_in_a_users_directory(tmp_path):
     assert [(s.code, s.path[len(str(top)) :]) for s in skips] == [
         ("skipped-owner", "/remote/old-shadow")
     ]
+
+
+@needs_root
+def test_symlinked_journal_through_a_users_directory(tmp_path, capsys):
+    """root's link /var/log/journal -> /srv/logs/journal, /srv/logs a user's: the user can
+    point journal anywhere (at /etc) at any moment, so the link is not followed."""
+    root = make_image(tmp_path)
+    (root / "srv/logs/journal").mkdir(parents=True)
+    os.chown(root / "srv/logs", 1000, 1000)
+    (root / "var/log/journal").symlink_to("../../srv/logs/journal")
+    for argv in (["check"], ["apply", "-g", "staff"]):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "not root's alone (owner uid 1000" in err and err.count("\n") == 1
+    assert "group:5050" not in getfacl(root / "srv/logs/journal")
+    os.chown(root / "srv/logs", 0, 0)
+    os.chmod(root / "srv/logs", 0o777)
+    assert run_tool(capsys, "check", "--root", str(root))[0] == 2
+    os.chmod(root / "srv/logs", 0o755)
+    (root / "srv/logs/journal").rename(root / "srv/logs/real")
+    (root / "srv/logs/journal").symlink_to("real")
+    rc, out, err = run_tool(capsys, "check", "--root", str(root))
+    assert rc == 2 and "another symbolic link" in err

@@ -3,6 +3,8 @@
 from __future__ import annotations  # annotations stay text: no typing work at start-up
 
 import argparse
+import contextlib
+import errno
 import grp
 import logging
 import os
@@ -356,12 +358,7 @@ def open_journal(journal: Path) -> Optional[int]:
                 f"{journal} is a symbolic link (to {target}) owned by uid {st.st_uid}, "
                 "not root: refusing to follow it"
             )
-        try:
-            fd = os.open(journal, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise Error(f"{journal} is a symbolic link to {target}, which does not exist")
-        except OSError as exc:
-            raise Error(f"cannot open {journal} (a link to {target}): {exc.strerror}") from None
+        fd = open_link_target(journal, target)
         owner = os.fstat(fd).st_uid
         if owner != 0:
             os.close(fd)
@@ -385,6 +382,50 @@ def require_magic_links(fd: int, directory: Path) -> None:
             f"{walker.magic_link(fd)} does not lead to the open {directory} (is /proc "
             "mounted?): default ACLs are set through it, never by name; nothing changed"
         )
+
+
+def open_link_target(link: Path, target: str) -> int:
+    """Open the directory a root-owned link names, one component at a time.
+
+    Every directory passed through must be root's and writable by root alone: the
+    owner of one could otherwise swap the next name (for a link to /etc) between the
+    open and any check.  A link along the way is refused rather than followed.
+    """
+    start = "/" if target.startswith("/") else str(link.parent)
+    try:
+        fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Error(f"cannot open {start}: {exc.strerror}") from None
+    where = start
+    try:
+        for part in [p for p in target.split("/") if p not in ("", ".")]:
+            st = os.fstat(fd)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                mode = stat.S_IMODE(st.st_mode)
+                raise Error(
+                    f"{link} is a symbolic link to {target}, through {where}, which is not "
+                    f"root's alone (owner uid {st.st_uid}, mode {mode:04o}): refusing to "
+                    "follow it"
+                )
+            try:
+                new = os.open(part, walker.O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                raise Error(f"{link} is a symbolic link to {target}, which does not exist")
+            except OSError as exc:
+                reason = exc.strerror
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                            reason = "another symbolic link, not followed"
+                raise Error(
+                    f"cannot follow {link} (a link to {target}): {where}/{part}: {reason}"
+                ) from None
+            os.close(fd)
+            fd, where = new, f"{where.rstrip('/')}/{part}"
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def skip_findings(skips: List[walker.Skip]) -> List[Finding]:
