@@ -288,8 +288,8 @@ def walk(top_fd: int, top_path: str, allowed_uids: Set[int], skips: List[Skip]) 
 
     Never follows a symbolic link; skips (into skips) what is not a directory or regular
     file, what is not owned by one of allowed_uids, a file with more than one link, a
-    name whose type changed between reading the directory and opening it, and what is on
-    another mount than top (a filesystem mounted below it, a bind mount, which could
+    name whose type changed between reading the directory and opening it, and a directory
+    on another mount than top (a filesystem mounted below it, a bind mount, which could
     bring a directory from outside the journal or top itself, a loop, into the walk).
     Files that vanish meanwhile (journald rotates and vacuums) are passed over in
     silence.  The caller owns top_fd; the descriptors of everything below are closed here.
@@ -358,7 +358,10 @@ def _walk(
             if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
                 skips.append(_changed(path))
                 continue
-            if st.st_dev != mount[0] or (is_dir and mount_id(fd) != mount[1]):
+            # Directories only: on an overlayfs whose layers are on several filesystems
+            # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
+            # takes root, as any mount does.
+            if is_dir and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
                 skips.append(
                     Skip(
                         "skipped-mount",
