@@ -11,5 +11,8 @@ def emit_json(document: Any) -> None:
     Encoded as one string and written once: json.dump writes every token on its own
     (a million writes for a large report, most of the time spent).
     """
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    # A file name's undecodable bytes (surrogateescape) are lone surrogates, which UTF-8
+    # cannot encode: write them as JSON's own \udcXX escapes, which decode back to them.
+    sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
     sys.stdout.flush()

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -646,3 +647,220 @@ def test_journald_main_conf_by_systemd_version(tmp_path):
     (root / "etc/systemd/journald.conf").unlink()
     (root / "etc/systemd/journald.conf").symlink_to("/dev/null")
     assert jas.journald_storage(root) == ("auto", None)  # masked
+
+
+def test_odd_names_report_on_one_line_and_valid_json(tmp_path, capsys):
+    """A name with a newline or bytes that are not UTF-8 (anyone who can write in the tree
+    can make one): each message stays one escaped line, the JSON subject decodes back to the
+    exact name, and a strict UTF-8 stdout (capsys, a UTF-8 locale) gets no traceback."""
+    root = make_root(tmp_path)
+    machine = root / "var/log/journal/m"
+    machine.mkdir(parents=True)
+    names = [b"bad\xffname.journal", b"nl\nok: fake.journal", b"esc\x1b[2J.journal"]
+    for name in names:
+        path = os.path.join(os.fsencode(machine), name)
+        with open(path, "w", encoding="utf-8"):
+            pass
+        os.chmod(path, 0o600)
+    rc, out, err = run_tool(capsys, "check", "--root", str(root), "-g", "staff")
+    assert rc == 1 and err == ""
+    assert "bad\\xffname.journal" in out and "nl\\x0aok: fake.journal" in out
+    assert "esc\\x1b[2J.journal" in out and "\x1b" not in out
+    assert not any(line.startswith("ok:") for line in out.splitlines())
+    rc, out, err = run_tool(capsys, "check", "--root", str(root), "-g", "staff", "--json")
+    assert rc == 1 and err == ""
+    subjects = {
+        os.fsencode(f["subject"]) for f in json.loads(out)["findings"] if f["code"] == "unreadable"
+    }
+    assert subjects == {os.path.join(os.fsencode(machine), name) for name in names}
+
+
+def test_group_names_end_at_the_end(tmp_path):
+    """re's "$" matches before a final newline: "adm\\n" is no group name."""
+    for name in ("adm\n", "staff$\n"):
+        with pytest.raises(Error, match="invalid group name"):
+            jas.validate_group_name(name)
+    assert jas.validate_group_name("machine$") == "machine$"
+
+
+def test_apply_g_never_requotes_shell_from_the_configuration(tmp_path, capsys):
+    """A configured value that is harmless single-quoted ('$(...)') is refused, never
+    written back in double quotes, where a shell sourcing the file would run it."""
+    root = make_root(tmp_path)
+    (root / "etc/default").mkdir()
+    defaults = root / jas.DEFAULTS_FILE
+    defaults.write_text("# mine\nJOURNAL_ACL_GROUPS='adm $(touch /tmp/pwned)'\n")
+    before = defaults.read_bytes()
+    for argv in (
+        ["apply", "-g", "staff"],
+        ["apply", "-g", "staff", "-n"],
+        ["revert", "-g", "adm"],
+    ):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "invalid group name" in err and err.count("\n") == 1, argv
+        assert defaults.read_bytes() == before
+    assert not (root / "var/log/journal").exists()
+
+
+WALK_IN_MOUNTS = r"""
+set -e
+top=$1/top
+mkdir -p "$top/a/loop" "$top/b" "$top/c" "$1/outside"
+echo s > "$1/outside/secret"
+mount --bind "$top" "$top/a/loop"
+mount --bind "$1/outside" "$top/b"
+mount -t tmpfs tmpfs "$top/c"
+echo t > "$top/c/other.journal"
+exec "$2" -c '
+import os, sys
+from debadmin.tools import journal_acl_setup_walk as W
+fd = os.open(sys.argv[1], W.O_DIR)
+skips = []
+for node in W.walk(fd, sys.argv[1], {0}, skips):
+    print("walked", node.path[len(sys.argv[1]):])
+for skip in skips:
+    print(skip.code, skip.path[len(sys.argv[1]):])
+' "$top"
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="bind mounts need root and unshare"
+)
+def test_walk_stays_on_its_mount(tmp_path):
+    """A bind mount below the journal (of the journal itself: a loop; of a directory from
+    outside it) and another filesystem mounted there are not walked, in a mount namespace
+    of the test's own."""
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jas.__file__))))
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", WALK_IN_MOUNTS, "sh"]
+        + [str(tmp_path), sys.executable],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=lib),
+    )
+    if result.returncode != 0 and "unshare" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        "skipped-mount /a/loop",
+        "skipped-mount /b",
+        "skipped-mount /c",
+        "walked ",
+        "walked /a",
+    ]
+
+
+@needs_acl_tools
+@needs_root
+def test_no_proc_refuses_before_any_change(tmp_path, capsys, monkeypatch):
+    """Without /proc (a chroot, an image being built) default ACLs cannot be set by
+    descriptor: apply and revert refuse in one line and change nothing, never by name."""
+    root = make_image(tmp_path)
+    assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    journal = root / "var/log/journal"
+    os.chmod(journal, 0o755)
+    (journal / "m").mkdir()
+    before = subprocess.run(
+        ["getfacl", "-RPn", "--absolute-names", str(root)], capture_output=True, check=True
+    ).stdout
+    monkeypatch.setattr(W, "magic_link", lambda fd: f"{tmp_path}/no-proc/self/fd/{fd}")
+    for argv in (["apply", "-g", "staff"], ["revert", "-g", "staff"]):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "is /proc mounted?" in err and err.count("\n") == 1, (argv, out)
+        after = subprocess.run(
+            ["getfacl", "-RPn", "--absolute-names", str(root)], capture_output=True, check=True
+        ).stdout
+        assert after == before and os.stat(journal).st_mode & 0o7777 == 0o755
+        assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+    os.chmod(journal, 0o2755)
+    (root / jas.TMPFILES_DROPIN).unlink()  # only the drop-in left to write: not half of it
+    rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
+    assert rc == 2 and "is /proc mounted?" in err and out == ""
+    assert not (root / jas.TMPFILES_DROPIN).exists()
+
+
+def test_apply_g_keeps_a_symlinked_configuration(tmp_path, capsys):
+    """/etc/default/journal-acl-setup as a link to a managed file: the target is updated,
+    the link and the comments stay."""
+    root = make_root(tmp_path)
+    (root / "etc/default").mkdir()
+    (root / "etc/site").mkdir()
+    target = root / "etc/site/journal-acl-setup"
+    target.write_text('# managed\nJOURNAL_ACL_GROUPS="adm"\n# end\n')
+    (root / jas.DEFAULTS_FILE).symlink_to("../site/journal-acl-setup")
+    jas.write_configured_groups(root, ["adm", "staff"])
+    assert os.readlink(root / jas.DEFAULTS_FILE) == "../site/journal-acl-setup"
+    assert target.read_text() == '# managed\nJOURNAL_ACL_GROUPS="adm staff"\n# end\n'
+
+
+PRERM = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "debian/journal-acl-setup.prerm",
+)
+
+
+@pytest.mark.parametrize(
+    "action,rc,warned",
+    [("remove", 0, False), ("remove", 3, False), ("remove", 2, True), ("upgrade", 0, False)],
+)
+def test_prerm_never_fails_and_never_reverts_on_upgrade(tmp_path, action, rc, warned):
+    """prerm runs revert --all on remove only; no journald (exit 3) is no warning; an
+    error is one line; the apt transaction never fails."""
+    fake = tmp_path / "bin/journal-acl-setup"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\nexit {rc}\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    result = subprocess.run(
+        ["sh", PRERM, action], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0 and result.stdout == ""
+    assert (result.stderr.count("\n") == 1) is warned and (result.stderr == "") is not warned
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert calls == ("revert --all --quiet\n" if action == "remove" else "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of two owners need root")
+def test_walk_skips_root_files_in_a_users_directory(tmp_path):
+    """The owner of a directory in the journal (systemd-journal-remote) can keep a hard
+    link to a root file whose other name is replaced since (fs.protected_hardlinks=0: an
+    old /etc/shadow), leaving one link: it is not the directory owner's, so no ACL."""
+    top = tmp_path / "top"
+    (top / "remote").mkdir(parents=True)
+    (top / "remote/remote-host.journal").write_text("r")
+    (top / "remote/old-shadow").write_text("s")
+    os.chown(top / "remote", 64100, 64100)
+    os.chown(top / "remote/remote-host.journal", 64100, 64100)
+    fd = os.open(top, W.O_DIR)
+    skips = []
+    try:
+        paths = [n.path[len(str(top)) :] for n in W.walk(fd, str(top), {0, 64100}, skips)]
+    finally:
+        os.close(fd)
+    assert sorted(paths) == ["", "/remote", "/remote/remote-host.journal"]
+    assert [(s.code, s.path[len(str(top)) :]) for s in skips] == [
+        ("skipped-owner", "/remote/old-shadow")
+    ]
+
+
+@needs_root
+def test_symlinked_journal_through_a_users_directory(tmp_path, capsys):
+    """root's link /var/log/journal -> /srv/logs/journal, /srv/logs a user's: the user can
+    point journal anywhere (at /etc) at any moment, so the link is not followed."""
+    root = make_image(tmp_path)
+    (root / "srv/logs/journal").mkdir(parents=True)
+    os.chown(root / "srv/logs", 1000, 1000)
+    (root / "var/log/journal").symlink_to("../../srv/logs/journal")
+    for argv in (["check"], ["apply", "-g", "staff"]):
+        rc, out, err = run_tool(capsys, *argv, "--root", str(root))
+        assert rc == 2 and "not root's alone (owner uid 1000" in err and err.count("\n") == 1
+    assert "group:5050" not in getfacl(root / "srv/logs/journal")
+    os.chown(root / "srv/logs", 0, 0)
+    os.chmod(root / "srv/logs", 0o777)
+    assert run_tool(capsys, "check", "--root", str(root))[0] == 2
+    os.chmod(root / "srv/logs", 0o755)
+    (root / "srv/logs/journal").rename(root / "srv/logs/real")
+    (root / "srv/logs/journal").symlink_to("real")
+    rc, out, err = run_tool(capsys, "check", "--root", str(root))
+    assert rc == 2 and "another symbolic link" in err

@@ -3,6 +3,8 @@
 from __future__ import annotations  # annotations stay text: no typing work at start-up
 
 import argparse
+import contextlib
+import errno
 import grp
 import logging
 import os
@@ -34,7 +36,8 @@ SYSTEMD_SHARED_DIRS = ("usr/lib/systemd", "lib/systemd", "usr/lib/*/systemd")
 JOURNAL_USERS = ("systemd-journal-remote", "systemd-journal-upload", "systemd-journal-gateway")
 STOCK_GROUP = "adm"  # systemd's own tmpfiles.d/systemd.conf grants adm already
 EXPECTED_MODE = 0o2755
-GROUP_NAME = re.compile(r"^[a-z_][a-z0-9_-]*[$]?$")
+# fullmatch only: re's "$" also matches before a final newline.
+GROUP_NAME = re.compile(r"[a-z_][a-z0-9_-]*[$]?")
 # The lines of the tmpfiles.d drop-in, as systemd.conf has them for adm.
 TMPFILES_PATHS = (
     "/var/log/journal",
@@ -69,7 +72,7 @@ def read_groups(root: Path = Path("/")) -> Dict[str, int]:
 
 def validate_group_name(name: str) -> str:
     """Return name if it is a valid group name, else raise."""
-    if len(name) > 32 or not GROUP_NAME.match(name):
+    if len(name) > 32 or not GROUP_NAME.fullmatch(name):
         raise Error(f"invalid group name: {name!r}")
     return name
 
@@ -105,6 +108,11 @@ def configured_groups(root: Path = Path("/")) -> List[str]:
     values = sysconf.read_default(root / DEFAULTS_FILE, ["JOURNAL_ACL_GROUPS"]) or {}
     _, value = values.get("JOURNAL_ACL_GROUPS", (0, ""))
     names = [n for n in re.split(r"[\s,]+", value) if n]
+    for name in names:  # apply -g writes them back, in double quotes
+        if len(name) > 32 or not GROUP_NAME.fullmatch(name):
+            raise Error(
+                f"{root / DEFAULTS_FILE}: invalid group name in JOURNAL_ACL_GROUPS: {name!r}"
+            )
     return names or [STOCK_GROUP]
 
 
@@ -126,6 +134,8 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
     without one gets it appended.
     """
     path = root / DEFAULTS_FILE
+    for name in names:  # also those read from the file: it is written in double quotes
+        validate_group_name(name)
     line = f'JOURNAL_ACL_GROUPS="{" ".join(names)}"\n'
     text = fsutil.read_text(path)
     if text is None:
@@ -139,7 +149,9 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
         lines.append(line)
-    fsutil.atomic_write(path, "".join(lines))
+    # An admin's link (to a file kept under configuration management) stays a link: its
+    # target is rewritten (check_paths has made sure it stays inside an image).
+    fsutil.atomic_write(path, "".join(lines), follow_symlinks=True)
 
 
 # --- state -----------------------------------------------------------------------------------
@@ -346,12 +358,7 @@ def open_journal(journal: Path) -> Optional[int]:
                 f"{journal} is a symbolic link (to {target}) owned by uid {st.st_uid}, "
                 "not root: refusing to follow it"
             )
-        try:
-            fd = os.open(journal, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise Error(f"{journal} is a symbolic link to {target}, which does not exist")
-        except OSError as exc:
-            raise Error(f"cannot open {journal} (a link to {target}): {exc.strerror}") from None
+        fd = open_link_target(journal, target)
         owner = os.fstat(fd).st_uid
         if owner != 0:
             os.close(fd)
@@ -368,6 +375,59 @@ def open_journal(journal: Path) -> Optional[int]:
         raise Error(f"cannot open {journal}: {exc.strerror}") from None
 
 
+def require_magic_links(fd: int, directory: Path) -> None:
+    """Refuse, before any change, where default ACLs cannot be set by descriptor."""
+    if not walker.magic_links_work(fd):
+        raise Error(
+            f"{walker.magic_link(fd)} does not lead to the open {directory} (is /proc "
+            "mounted?): default ACLs are set through it, never by name; nothing changed"
+        )
+
+
+def open_link_target(link: Path, target: str) -> int:
+    """Open the directory a root-owned link names, one component at a time.
+
+    Every directory passed through must be root's and writable by root alone: the
+    owner of one could otherwise swap the next name (for a link to /etc) between the
+    open and any check.  A link along the way is refused rather than followed.
+    """
+    start = "/" if target.startswith("/") else str(link.parent)
+    try:
+        fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Error(f"cannot open {start}: {exc.strerror}") from None
+    where = start
+    try:
+        for part in [p for p in target.split("/") if p not in ("", ".")]:
+            st = os.fstat(fd)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                mode = stat.S_IMODE(st.st_mode)
+                raise Error(
+                    f"{link} is a symbolic link to {target}, through {where}, which is not "
+                    f"root's alone (owner uid {st.st_uid}, mode {mode:04o}): refusing to "
+                    "follow it"
+                )
+            try:
+                new = os.open(part, walker.O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                raise Error(f"{link} is a symbolic link to {target}, which does not exist")
+            except OSError as exc:
+                reason = exc.strerror
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                            reason = "another symbolic link, not followed"
+                raise Error(
+                    f"cannot follow {link} (a link to {target}): {where}/{part}: {reason}"
+                ) from None
+            os.close(fd)
+            fd, where = new, f"{where.rstrip('/')}/{part}"
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def skip_findings(skips: List[walker.Skip]) -> List[Finding]:
     return [finding(s.code, "action" if s.action else "warning", s.message, s.path) for s in skips]
 
@@ -377,9 +437,9 @@ def scan(
 ) -> Tuple[List[Finding], int]:
     """What each group cannot read under the journal, and how many paths were read.
 
-    Verdicts are kept by the ACLs' text (numeric ids), owning group and type: a journal
-    holds thousands of files with a handful of distinct ACLs, and turning each into
-    entries and judging them is most of the cost.
+    Verdicts are kept by the ACLs' raw extended attributes, mode, owning group and type:
+    a journal holds thousands of files with a handful of distinct ACLs, and having libacl
+    parse each one is most of the cost.
     """
     skips: List[walker.Skip] = []
     unreadable: Dict[str, List[str]] = {name: [] for name in groups}
@@ -388,15 +448,14 @@ def scan(
     verdicts: Dict[tuple, Tuple[List[str], List[str]]] = {}
     count = 0
     want_dir, want_file = walker.R | walker.X, walker.R
-    text = walker.text
     for node in walker.walk(fd, str(journal), uids, skips):
         count += 1
         st, is_dir = node.st, node.is_dir
         try:
-            access, default = node.read()
-            key = (text(access), text(default) if is_dir else None, st.st_gid, is_dir)
+            key = (node.raw(), st.st_mode & 0o777, st.st_gid, is_dir)
             verdict = verdicts.get(key)
             if verdict is None:
+                access, default = node.read()
                 entries = walker.entries(access) or walker.from_mode(st.st_mode)
                 defaults = walker.entries(default) if default is not None else None
                 want = want_dir if is_dir else want_file
@@ -414,7 +473,9 @@ def scan(
                     ],
                 )
         except walker.AclError as exc:
-            skips.append(walker.Skip("unreadable-acl", node.path, f"{node.path}: {exc}", True))
+            skips.append(
+                walker.Skip("unreadable-acl", node.path, f"{walker.shown(node.path)}: {exc}", True)
+            )
             continue
         cannot_read, no_inherit = verdict
         for name in cannot_read:
@@ -424,14 +485,20 @@ def scan(
     found: List[Finding] = []
     for name in groups:  # the walk goes in directory order; the report in path order
         found += [
-            finding("unreadable", "action", f"group {name} cannot read {path}", path, group=name)
+            finding(
+                "unreadable",
+                "action",
+                f"group {name} cannot read {walker.shown(path)}",
+                path,
+                group=name,
+            )
             for path in sorted(unreadable[name])
         ]
         found += [
             finding(
                 "no-default-acl",
                 "action",
-                f"{path} has no default ACL for group {name}: new files would be unreadable",
+                f"{walker.shown(path)} has no default ACL for group {name}: new files would be unreadable",
                 path,
                 group=name,
             )
@@ -488,6 +555,7 @@ def revoke_tree(journal: Path, gids: Set[int], uids: Set[int], dry_run: bool = F
     skips: List[walker.Skip] = []
     touched = 0
     try:
+        require_magic_links(fd, journal)
         for node in walker.walk(fd, str(journal), uids, skips):
             try:
                 access, default = node.acls()
@@ -553,7 +621,7 @@ def read_tmpfiles_dropin(root: Path = Path("/")) -> Optional[Dict[str, bool]]:
             raise Error(f"{path}:{number}: not a line {PROG} writes; fix or remove the file")
         for entry in fields[6].split(","):
             match = TMPFILES_ENTRY.match(entry)
-            if not match or len(match.group(1)) > 32 or not GROUP_NAME.match(match.group(1)):
+            if not match or len(match.group(1)) > 32 or not GROUP_NAME.fullmatch(match.group(1)):
                 raise Error(f"{path}:{number}: unexpected ACL entry {entry!r}")
             found[fields[1]].append(entry)
             if match.group(1) not in names:
@@ -714,6 +782,19 @@ def preflight(state: State) -> None:
         writable((state.root / TMPFILES_DROPIN).parent)
     if codes & {"journal-missing", "journal-ownership", "unreadable", "no-default-acl"}:
         probe_acl_support(state.journal if state.exists else parent)
+    # Always: a check without /proc reports unreadable default ACLs, which apply cannot fix,
+    # and stopping after the drop-in and configuration steps would be half an apply.
+    target = state.journal if state.exists else parent
+    try:
+        fd = open_journal(target) if state.exists else os.open(parent, os.O_DIRECTORY)
+    except OSError as exc:
+        raise Error(f"cannot open {parent}: {exc.strerror}") from None
+    if fd is None:
+        raise Error(f"{target} vanished while it was read")
+    try:
+        require_magic_links(fd, target)
+    finally:
+        os.close(fd)
 
 
 def tmpfiles(root: Path, *extra: str) -> None:

@@ -37,6 +37,7 @@ R, W, X = posix1e.ACL_READ, posix1e.ACL_WRITE, posix1e.ACL_EXECUTE
 # Numeric ids: the text is a cache key and must not depend on (or wait for) NSS.
 TEXT_OPTIONS = posix1e.TEXT_NUMERIC_IDS | posix1e.TEXT_ABBREVIATE
 
+ACCESS_XATTR, DEFAULT_XATTR = "system.posix_acl_access", "system.posix_acl_default"
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 32
@@ -93,10 +94,41 @@ def magic_link(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
+def magic_links_work(fd: int) -> bool:
+    """Whether magic_link(fd) leads to the inode open as fd: not where /proc is not
+    mounted (a chroot, an image being built), nor where something else sits there."""
+    try:
+        link, st = os.stat(magic_link(fd)), os.fstat(fd)
+    except OSError:
+        return False
+    return (link.st_dev, link.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _proc_hint(exc: OSError) -> str:
     if exc.errno == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
         return f"{exc.strerror} (is /proc mounted?)"
     return str(exc.strerror)
+
+
+def shown(path: str) -> str:
+    """path as one printable line for a message: control characters (a newline in a name
+    could fake a line of the report) and undecodable bytes (surrogateescape, which a strict
+    UTF-8 stdout cannot write) as \\xNN or \\uNNNN escapes; the finding's subject keeps
+    the exact name."""
+    if path.isprintable():
+        return path
+    out = []
+    for char in path:
+        code = ord(char)
+        if char.isprintable():
+            out.append(char)
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
 
 
 def perms_text(perm: int) -> str:
@@ -129,6 +161,24 @@ class Node:
                 raise AclError(f"cannot read the default ACL: {_proc_hint(exc)}") from None
             return access, None
 
+    def raw(self) -> Tuple[bytes, bytes]:
+        """The access and default ACL attributes as the kernel keeps them (b"" for none):
+        a cache key two system calls cheap, where libacl's parse and text cost more."""
+        try:
+            access = os.getxattr(self.fd, ACCESS_XATTR)
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+                raise AclError(f"cannot read the ACL: {exc.strerror}") from None
+            access = b""
+        if not self.is_dir:
+            return access, b""
+        try:
+            return access, os.getxattr(magic_link(self.fd), DEFAULT_XATTR)
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+                raise AclError(f"cannot read the default ACL: {_proc_hint(exc)}") from None
+            return access, b""
+
     def acls(self) -> Tuple[Entries, Optional[Entries]]:
         """The access and default ACLs as entries (default None where there is none)."""
         access, default = self.read()
@@ -144,7 +194,9 @@ class Node:
             if default is not None and self.is_dir:
                 to_acl(default).applyto(magic_link(self.fd), posix1e.ACL_TYPE_DEFAULT)
         except OSError as exc:
-            raise AclError(f"cannot set the ACL of {self.path}: {_proc_hint(exc)}") from None
+            raise AclError(
+                f"cannot set the ACL of {shown(self.path)}: {_proc_hint(exc)}"
+            ) from None
 
 
 def group_can(entries: Optional[Entries], owner_gid: int, gid: int, want: int, default=False):
@@ -218,22 +270,44 @@ class Skip:
         self.code, self.path, self.message, self.action = code, path, message, action
 
 
-def walk(
-    top_fd: int,
-    top_path: str,
-    allowed_uids: Set[int],
-    skips: List[Skip],
-    depth: int = 0,
-) -> Iterator[Node]:
+def mount_id(fd: int) -> Optional[int]:
+    """The id of the mount fd is on, from /proc/self/fdinfo (None where /proc is missing):
+    a bind mount of the same filesystem has the same st_dev, but not the same mount."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            for line in info:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def walk(top_fd: int, top_path: str, allowed_uids: Set[int], skips: List[Skip]) -> Iterator[Node]:
     """Yield top and every directory and regular file under it, each open while yielded.
 
     Never follows a symbolic link; skips (into skips) what is not a directory or regular
-    file, what is not owned by one of allowed_uids, a file with more than one link, and a
-    name whose type changed between reading the directory and opening it.  Files that
-    vanish meanwhile (journald rotates and vacuums) are passed over in silence.  The
-    caller owns top_fd; the descriptors of everything below are closed here.
+    file, what is not owned by one of allowed_uids, a file with more than one link, a
+    name whose type changed between reading the directory and opening it, and a directory
+    on another mount than top (a filesystem mounted below it, a bind mount, which could
+    bring a directory from outside the journal or top itself, a loop, into the walk).
+    Files that vanish meanwhile (journald rotates and vacuums) are passed over in
+    silence.  The caller owns top_fd; the descriptors of everything below are closed here.
     """
-    yield Node(top_path, top_fd, os.fstat(top_fd), True)
+    st = os.fstat(top_fd)
+    return _walk(top_fd, top_path, st, allowed_uids, skips, 0, (st.st_dev, mount_id(top_fd)))
+
+
+def _walk(
+    top_fd: int,
+    top_path: str,
+    top_st: os.stat_result,
+    allowed_uids: Set[int],
+    skips: List[Skip],
+    depth: int,
+    mount: Tuple[int, Optional[int]],
+) -> Iterator[Node]:
+    yield Node(top_path, top_fd, top_st, True)
     try:
         with os.scandir(top_fd) as it:
             entries = [(e.name, _kind(e)) for e in it]
@@ -244,7 +318,7 @@ def walk(
             Skip(
                 "unreadable-directory",
                 top_path,
-                f"cannot read {top_path}: " f"{exc.strerror}",
+                f"cannot read {shown(top_path)}: {exc.strerror}",
                 action=True,
             )
         )
@@ -253,11 +327,13 @@ def walk(
         path = f"{top_path}/{name}"
         if kind == "link":
             skips.append(
-                Skip("ignored-symlink", path, f"{path} is a symbolic link, never followed")
+                Skip("ignored-symlink", path, f"{shown(path)} is a symbolic link, never followed")
             )
             continue
         if kind == "other":
-            skips.append(Skip("skipped-type", path, f"{path} is not a directory or regular file"))
+            skips.append(
+                Skip("skipped-type", path, f"{shown(path)} is not a directory or regular file")
+            )
             continue
         is_dir = kind == "dir"
         try:
@@ -270,7 +346,10 @@ def walk(
             else:
                 skips.append(
                     Skip(
-                        "unreadable-file", path, f"cannot open {path}: {exc.strerror}", action=True
+                        "unreadable-file",
+                        path,
+                        f"cannot open {shown(path)}: {exc.strerror}",
+                        action=True,
                     )
                 )
             continue
@@ -279,13 +358,39 @@ def walk(
             if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
                 skips.append(_changed(path))
                 continue
+            # Directories only: on an overlayfs whose layers are on several filesystems
+            # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
+            # takes root, as any mount does.
+            if is_dir and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
+                skips.append(
+                    Skip(
+                        "skipped-mount",
+                        path,
+                        f"{shown(path)} is a mount point (or on another filesystem): "
+                        "not walked, left alone",
+                    )
+                )
+                continue
             if st.st_uid not in allowed_uids:
                 skips.append(
                     Skip(
                         "skipped-owner",
                         path,
-                        f"{path} is owned by uid {st.st_uid}, not root "
+                        f"{shown(path)} is owned by uid {st.st_uid}, not root "
                         "or a journal user: left alone",
+                    )
+                )
+                continue
+            if top_st.st_uid != 0 and st.st_uid != top_st.st_uid:
+                # In systemd-journal-remote's directory everything is its own: a file of
+                # root's there was put there (a hard link whose other name is gone since,
+                # with fs.protected_hardlinks=0), not written by it.
+                skips.append(
+                    Skip(
+                        "skipped-owner",
+                        path,
+                        f"{shown(path)} is owned by uid {st.st_uid} in a directory of uid "
+                        f"{top_st.st_uid}: left alone",
                     )
                 )
                 continue
@@ -294,7 +399,7 @@ def walk(
                     Skip(
                         "skipped-hardlink",
                         path,
-                        f"{path} has {st.st_nlink} hard links: "
+                        f"{shown(path)} has {st.st_nlink} hard links: "
                         "left alone (one of them may be outside the journal)",
                     )
                 )
@@ -305,11 +410,12 @@ def walk(
                         Skip(
                             "skipped-depth",
                             path,
-                            f"{path} is nested more than " f"{MAX_DEPTH} levels deep: left alone",
+                            f"{shown(path)} is nested more than "
+                            f"{MAX_DEPTH} levels deep: left alone",
                         )
                     )
                     continue
-                yield from walk(fd, path, allowed_uids, skips, depth + 1)
+                yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount)
             else:
                 yield Node(path, fd, st, False)
         finally:
@@ -320,7 +426,7 @@ def _changed(path: str) -> Skip:
     return Skip(
         "changed-while-reading",
         path,
-        f"{path} changed type while it was read (replaced by a symbolic link?): not checked",
+        f"{shown(path)} changed type while it was read (replaced by a symbolic link?): not checked",
         action=True,
     )
 
