@@ -74,9 +74,12 @@ def make_tarball(tree: Path, path: Path) -> Path:
 @pytest.mark.parametrize(
     "spec,expected",
     [
-        ("ttyS0,115200n8", (0, 115200)),
-        ("ttyS1,115200", (1, 115200)),
-        ("ttyS3,9600n8", (3, 9600)),
+        ("ttyS0,115200n8", ("ttyS0", 115200)),
+        ("ttyS1,115200", ("ttyS1", 115200)),
+        ("ttyS3,9600n8", ("ttyS3", 9600)),
+        ("ttyS31,115200", ("ttyS31", 115200)),
+        ("ttyAMA0,115200n8", ("ttyAMA0", 115200)),
+        ("hvc0,9600", ("hvc0", 9600)),
     ],
 )
 def test_parse_console(spec, expected):
@@ -88,7 +91,8 @@ def test_parse_console(spec, expected):
     [
         "ttyS9,fast",
         "ttyS1",
-        "ttyS4,115200",
+        "ttyS32,115200",
+        "ttyAMA4,115200",
         "ttyS1,12345",
         "ttyS1,115200e7",
         "tty0",
@@ -1219,3 +1223,68 @@ def test_sparse_member_keeps_its_data(capsys, tmp_path):
     unpacked.mkdir()
     subprocess.run(["tar", "-C", unpacked, "-xzf", tmp_path / "out.tar.gz"], check=True)
     assert (unpacked / "debian-installer/amd64/sparse.img").read_bytes() == data
+
+
+# --- architectures and consoles ---------------------------------------------------------------
+
+ARM64_GRUB = "debian-installer/arm64/grub/grub.cfg"
+
+
+def test_arm64_grub_only_tree_defaults_to_ttyama0(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    code, out, err = run(capsys, tree)
+    assert code == 0, err
+    cfg = (tree / ARM64_GRUB).read_text()
+    linux = [ln for ln in cfg.splitlines() if ln.strip().startswith("linux")]
+    assert linux and all(ln.endswith(" console=ttyAMA0,115200n8") for ln in linux)
+    assert "terminal_output console" in cfg and "serial --unit" not in cfg
+    assert run(capsys, tree, "--check")[0] == 0
+    assert run(capsys, tree, "--check", "--console", "ttyS0,115200")[0] == 1
+
+
+def test_arm64_tarball_with_an_8250_console(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    path = make_tarball(tree, tmp_path / "netboot.tar.gz")
+    assert run(capsys, path, "--console", "ttyS2,9600")[0] == 0
+    with tarfile.open(path) as tar:
+        cfg = tar.extractfile("./" + ARM64_GRUB).read().decode()
+    assert "serial --unit=2 --speed=9600" in cfg and "console=ttyS2,9600n8" in cfg
+
+
+def test_syslinux_tree_refuses_a_console_syslinux_cannot_drive(capsys, tree):
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree, "--console", "ttyAMA0,115200")
+    assert code == 2 and "syslinux" in err and err.count("\n") == 1
+    assert snapshot(tree) == before
+
+
+def test_grub_serial_unit_for_high_ports(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    assert run(capsys, tree, "--console", "ttyS17,115200")[0] == 0
+    assert "serial --unit=17 " in (tree / ARM64_GRUB).read_text()
+
+
+def test_several_architectures_are_refused_by_name(capsys, tmp_path, tree):
+    shutil.copytree(DATA / "arm64/debian-installer/arm64", tree / "debian-installer/arm64")
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree)
+    assert code == 2 and "(amd64, arm64)" in err
+    assert snapshot(tree) == before
+
+
+def test_symlinked_grub_directory_is_refused(capsys, tmp_path, tree):
+    grub = tree / "debian-installer/amd64/grub"
+    grub.rename(tmp_path / "real-grub")
+    grub.symlink_to(tmp_path / "real-grub")
+    code, _, err = run(capsys, tree, "--check")
+    assert code == 2 and "symlinked directory" in err
+
+
+def test_tree_without_grub_cfg_warns(capsys, caplog, tree):
+    (tree / GRUB).unlink()
+    code, _, err = run(capsys, tree)
+    assert code == 0
+    assert "UEFI clients stay on their VGA console" in caplog.text
