@@ -1288,3 +1288,12 @@ def test_tree_without_grub_cfg_warns(capsys, caplog, tree):
     code, _, err = run(capsys, tree)
     assert code == 0
     assert "UEFI clients stay on their VGA console" in caplog.text
+
+
+def test_quiet_prints_nothing(capsys, tree):
+    assert run(capsys, tree, "-q", "--check") == (1, "", "")
+    code, out, err = run(capsys, tree, "-q")
+    assert (code, out, err) == (0, "", "")
+    code, out, err = run(capsys, tree, "--quiet", "--check")
+    assert (code, out, err) == (0, "", "")
+    assert "console=" in run(capsys, tree, "-q", "--dry-run", "--console", "ttyS1,9600")[1]

@@ -935,7 +935,8 @@ def run(args: argparse.Namespace) -> int:
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
     if args.json:
         emit_json(report.as_dict())
-    else:
+    elif getattr(args, "verbosity", 0) >= 0 or mode == "dry-run":
+        # -q: the exit status says it all (a dry run's diff is its result, kept).
         print_report(report)
     # A file whose only difference is the settings comment (written by 0.1.0, which
     # kept it in syslinux.cfg alone) boots as asked: not a reason to alarm a monitor.
