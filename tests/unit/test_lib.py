@@ -197,9 +197,6 @@ def test_findings_shape():
     assert list(found[0]) == ["code", "severity", "subject", "message"]
     assert found[1]["subject"] is None and found[1]["group"] == "adm"
     assert needs_action(found) and not needs_action(found[1:])
-    assert text_lines(found, "  ") == [
-        "  action: journal is volatile",
-        "  warning: tarball is old",
-    ]
+    assert text_lines(found, "  ") == ["  action: journal is volatile", "  warning: tarball is old"]
     with pytest.raises(ValueError):
         finding("x", "fatal", "no such severity")
