@@ -1297,3 +1297,33 @@ def test_quiet_prints_nothing(capsys, tree):
     code, out, err = run(capsys, tree, "--quiet", "--check")
     assert (code, out, err) == (0, "", "")
     assert "console=" in run(capsys, tree, "-q", "--dry-run", "--console", "ttyS1,9600")[1]
+
+
+def test_sha256sums(capsys, tmp_path):
+    path = real_tarball(tmp_path, ".tar.gz")
+    digest = __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    other = "0" * 64
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(
+        f"{other}  ./netboot/gtk/netboot.tar.gz\n{digest}  ./netboot/netboot.tar.gz\n"
+        f"{other}  ./netboot/debian-installer/amd64/linux\n"
+    )
+    assert run(capsys, path, "--sha256sums", sums, "--check")[0] == 1
+    # A download that does not match is refused before it is read or touched.
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 1
+    path.write_bytes(bytes(data))
+    code, _, err = run(capsys, path, "--sha256sums", sums)
+    assert code == 2 and "does not match its SHA256SUMS entry" in err and err.count("\n") == 1
+    assert path.read_bytes() == bytes(data)
+    sums.write_text(f"{digest}  ./netboot/other.tar.gz\n")
+    code, _, err = run(capsys, path, "--sha256sums", sums)
+    assert code == 2 and "lists no file named netboot.tar.gz" in err
+    code, _, err = run(capsys, path, "--sha256sums", tmp_path / "missing")
+    assert code == 2 and "cannot read --sha256sums" in err
+
+
+def test_sha256sums_needs_a_tarball(capsys, tree, tmp_path):
+    (tmp_path / "SHA256SUMS").write_text("")
+    code, _, err = run(capsys, tree, "--sha256sums", tmp_path / "SHA256SUMS")
+    assert code == 2 and "not a directory tree" in err

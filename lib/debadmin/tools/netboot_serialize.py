@@ -4,6 +4,7 @@ import argparse
 import ctypes
 import difflib
 import filecmp
+import hashlib
 import logging
 import os
 import re
@@ -890,10 +891,56 @@ def check_output(source: Path, source_kind: str, dest: Path, names: Set[str]) ->
     return dest_kind
 
 
+def verify_sha256sums(source: Path, sums: Path) -> str:
+    """Check source against a SHA256SUMS file as Debian publishes it next to netboot.tar.gz
+    (lines 'HASH  ./netboot/netboot.tar.gz'); the listed path whose hash matches.
+
+    The text and gtk tarballs share a file name, so any line with source's name may match.
+    """
+    try:
+        text = sums.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise Error(f"cannot read --sha256sums {sums}: {exc.strerror}") from None
+    listed = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
+        if match and posixpath_name(match.group(2)) == source.name:
+            listed[match.group(2)] = match.group(1).lower()
+    if not listed:
+        raise Error(f"--sha256sums {sums} lists no file named {source.name}")
+    digest = hashlib.sha256()
+    try:
+        with open(source, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise Error(f"cannot read {source}: {exc.strerror}") from None
+    found = [name for name, value in listed.items() if value == digest.hexdigest()]
+    if not found:
+        raise Error(
+            f"{source} does not match its SHA256SUMS entry ({', '.join(sorted(listed))}): "
+            "a damaged or different download"
+        )
+    return found[0]
+
+
+def posixpath_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
 def run(args: argparse.Namespace) -> int:
     settings_from(args)  # bad options are refused before the source is read
     source = Path(args.source)
     source_kind = kind_of(source)
+    if args.sha256sums is not None:
+        if source_kind != "tarball":
+            raise Error("--sha256sums checks a downloaded tarball, not a directory tree")
+        log.info(
+            "%s matches %s in %s",
+            source,
+            verify_sha256sums(source, Path(args.sha256sums)),
+            args.sha256sums,
+        )
     members: List[tarball.Member] = []
     if source_kind == "tree":
         layout, files = read_tree(source)
@@ -1099,6 +1146,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "-n", "--dry-run", action="store_true", help="print a unified diff and write nothing"
+    )
+    parser.add_argument(
+        "--sha256sums",
+        metavar="FILE",
+        help="check the tarball SOURCE against FILE, the installer's SHA256SUMS (lines "
+        "'HASH  ./netboot/netboot.tar.gz'), before reading it",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
