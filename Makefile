@@ -30,6 +30,7 @@ TEST_DEPENDS := systemd-container
 TEST_DEPENDS += acl btrfs-progs
 TEST_DEPENDS += ovmf shim-signed python3-cryptography
 TEST_DEPENDS += qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
+TEST_DEPENDS += qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT))
 TEST_DEPENDS += radvd iproute2 procps
 TEST_DEPENDS += sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 
