@@ -388,6 +388,8 @@ def test_json(capsys, tree):
     assert doc["installer_build"] == "20230607+deb12u15"
     assert doc["console"] == "ttyS1,115200n8" and doc["source_kind"] == "tree"
     assert {c["path"] for c in doc["changes"]} >= {BS + "txt.cfg", GRUB, BS + "syslinux.cfg"}
+    assert {f["subject"] for f in doc["findings"]} == {c["path"] for c in doc["changes"]}
+    assert all(list(f)[:4] == ["code", "severity", "subject", "message"] for f in doc["findings"])
     code, out, _ = run(capsys, tree, "--json", "--console", "ttyS1,115200n8")
     assert json.loads(out)["written"] is True
     code, out, _ = run(capsys, tree, "--json", "--dry-run", "--console", "ttyS1,115200n8")
@@ -1327,3 +1329,16 @@ def test_sha256sums_needs_a_tarball(capsys, tree, tmp_path):
     (tmp_path / "SHA256SUMS").write_text("")
     code, _, err = run(capsys, tree, "--sha256sums", tmp_path / "SHA256SUMS")
     assert code == 2 and "not a directory tree" in err
+
+
+def test_json_findings_under_check(capsys, tree):
+    (tree / GRUB).unlink()
+    code, out, _ = run(capsys, tree, "--check", "--json")
+    doc = json.loads(out)
+    assert code == 1
+    codes = {(f["code"], f["severity"]) for f in doc["findings"]}
+    assert ("not-serialized", "action") in codes and ("no-grub-cfg", "warning") in codes
+    assert run(capsys, tree, "-q")[0] == 0
+    code, out, _ = run(capsys, tree, "--check", "--json")
+    assert code == 0
+    assert [f["code"] for f in json.loads(out)["findings"]] == ["no-grub-cfg"]

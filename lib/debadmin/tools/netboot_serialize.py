@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from debadmin import cli, fsutil
+from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import netboot_serialize_tar as tarball
@@ -767,6 +768,22 @@ class Report:
     changes: List[Change] = field(default_factory=list)
     mode: str = "apply"
     written: bool = False
+    warnings: List[dict] = field(default_factory=list)
+
+    def findings(self) -> List[dict]:
+        """The shared shape: each file not serialized as asked (action under --check,
+        info otherwise: a run fixes it), then the warnings about the tree."""
+        severity = "action" if self.mode == "check" else "info"
+        return [
+            finding(
+                "comment-only" if c.notes == [COMMENT_ONLY] else "not-serialized",
+                "info" if c.notes == [COMMENT_ONLY] else severity,
+                f"{c.path}: {'; '.join(c.notes)}",
+                c.path,
+                what=c.notes,
+            )
+            for c in self.changes
+        ] + self.warnings
 
     def diff(self) -> str:
         chunks = []
@@ -796,6 +813,7 @@ class Report:
             "default": self.settings.default,
             "serialized": not self.changes,
             "changes": [{"path": c.path, "what": c.notes} for c in self.changes],
+            "findings": self.findings(),
             "written": self.written,
         }
         if self.mode == "dry-run":
@@ -967,6 +985,15 @@ def run(args: argparse.Namespace) -> int:
         changes,
         mode,
     )
+    if layout.grub is None:
+        report.warnings.append(
+            finding(
+                "no-grub-cfg",
+                "warning",
+                f"{layout.arch_dir} has no grub/grub.cfg: UEFI clients stay on their VGA console",
+                layout.arch_dir,
+            )
+        )
     if mode == "apply":
         if (
             dest is None
