@@ -1342,3 +1342,12 @@ def test_json_findings_under_check(capsys, tree):
     code, out, _ = run(capsys, tree, "--check", "--json")
     assert code == 0
     assert [f["code"] for f in json.loads(out)["findings"]] == ["no-grub-cfg"]
+
+
+def test_padding_bomb_after_the_end_marker_is_refused(capsys, tmp_path, monkeypatch):
+    plain = real_tarball(tmp_path, ".tar", "plain").read_bytes()
+    path = tmp_path / "netboot.tar.gz"
+    monkeypatch.setattr(nst, "MAX_READ", 1 << 20)
+    with gzip.open(path, "wb") as out:
+        out.write(plain + b"\0" * (2 << 20))
+    assert_refused_everywhere(capsys, tmp_path, path, "of padding after the end-of-archive")

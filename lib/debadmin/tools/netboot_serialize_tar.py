@@ -325,6 +325,10 @@ class _Stream:
                     return f"a damaged or unreadable tar header at byte {offset}"
                 return f"data after the end-of-archive marker (byte {offset + zeros})"
             zeros += len(chunk)
+            if zeros > MAX_READ:
+                # GNU tar pads to its record size (10 kB by default): gigabytes of
+                # compressed zeros are a bomb, not padding.
+                return f"over {MAX_READ} bytes of padding after the end-of-archive marker"
         if zeros < BLOCK:
             return "no end-of-archive marker (truncated download?)"
         return None
