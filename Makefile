@@ -33,7 +33,8 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 TOOLS := $(notdir $(wildcard bin/*))
 TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
 TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography qemu-utils
-TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT)
+TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
+	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT))
 TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
 TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS),$(TEST_DEPENDS_$(tool)))

@@ -79,7 +79,7 @@ def test_man_page_matches_parser(tool):
     ):
         assert f"\n.SH {section}\n" in page, section
     in_parser = long_options(module_of(tool).build_parser())
-    in_page = {o.replace("\\-", "-") for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", page)}
+    in_page = {o.replace("\\-", "-") for o in re.findall(r"\\-\\-[a-z][a-z0-9\\-]*[a-z0-9]", page)}
     missing = in_parser - in_page
     assert not missing, f"options not in the man page: {missing}"
     # Every option documented under OPTIONS (the line after .TP) exists in the parser.
@@ -88,7 +88,7 @@ def test_man_page_matches_parser(tool):
     documented = {
         o.replace("\\-", "-")
         for tag in tags
-        for o in re.findall(r"\\-\\-[a-z][a-z\\-]*[a-z]", tag)
+        for o in re.findall(r"\\-\\-[a-z][a-z0-9\\-]*[a-z0-9]", tag)
     }
     assert documented <= in_parser, f"documented but unknown: {documented - in_parser}"
 

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -73,9 +74,12 @@ def make_tarball(tree: Path, path: Path) -> Path:
 @pytest.mark.parametrize(
     "spec,expected",
     [
-        ("ttyS0,115200n8", (0, 115200)),
-        ("ttyS1,115200", (1, 115200)),
-        ("ttyS3,9600n8", (3, 9600)),
+        ("ttyS0,115200n8", ("ttyS0", 115200)),
+        ("ttyS1,115200", ("ttyS1", 115200)),
+        ("ttyS3,9600n8", ("ttyS3", 9600)),
+        ("ttyS31,115200", ("ttyS31", 115200)),
+        ("ttyAMA0,115200n8", ("ttyAMA0", 115200)),
+        ("hvc0,9600", ("hvc0", 9600)),
     ],
 )
 def test_parse_console(spec, expected):
@@ -87,7 +91,8 @@ def test_parse_console(spec, expected):
     [
         "ttyS9,fast",
         "ttyS1",
-        "ttyS4,115200",
+        "ttyS32,115200",
+        "ttyAMA4,115200",
         "ttyS1,12345",
         "ttyS1,115200e7",
         "tty0",
@@ -383,6 +388,8 @@ def test_json(capsys, tree):
     assert doc["installer_build"] == "20230607+deb12u15"
     assert doc["console"] == "ttyS1,115200n8" and doc["source_kind"] == "tree"
     assert {c["path"] for c in doc["changes"]} >= {BS + "txt.cfg", GRUB, BS + "syslinux.cfg"}
+    assert {f["subject"] for f in doc["findings"]} == {c["path"] for c in doc["changes"]}
+    assert all(list(f)[:4] == ["code", "severity", "subject", "message"] for f in doc["findings"])
     code, out, _ = run(capsys, tree, "--json", "--console", "ttyS1,115200n8")
     assert json.loads(out)["written"] is True
     code, out, _ = run(capsys, tree, "--json", "--dry-run", "--console", "ttyS1,115200n8")
@@ -438,9 +445,8 @@ def test_tarball_to_tarball_and_tree(capsys, tree, tmp_path):
     unpacked = tmp_path / "from-tar"
     unpacked.mkdir()
     with tarfile.open(out1) as tar:
-        # Python >= 3.12 warns without a filter; bookworm's 3.11.2 has none.
-        tar.extraction_filter = getattr(tarfile, "data_filter", None)
-        tar.extractall(unpacked)
+        # The 'tar' filter where this Python has filters (3.14 changes the default).
+        tar.extractall(unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
     assert snapshot(unpacked) == snapshot(tree)
     # Another console replaces the tree output whole.
     assert run(capsys, source, "-o", tmp_path / "unpacked", "--console", "ttyS0,9600")[0] == 0
@@ -1045,3 +1051,303 @@ def test_hard_links_are_packed(capsys, tree, tmp_path):
         assert b"console=ttyS0" in tar.extractfile(txt).read()
     assert run(capsys, dest, "--output", tmp_path / "tree")[0] == 0
     assert (tmp_path / "tree/help.txt").read_bytes() == (tree / BS / "f1.txt").read_bytes()
+
+
+# --- damaged downloads: read to the end, refused before anything is written -------------------
+
+COMPRESSORS = {
+    ".tar.gz": lambda data: gzip.compress(data, mtime=0),
+    ".tar.xz": lambda data: __import__("lzma").compress(data),
+    ".tar.bz2": lambda data: __import__("bz2").compress(data),
+    ".tar": lambda data: data,
+}
+DECOMPRESSOR_COMMANDS = {".tar.gz": "gzip", ".tar.xz": "xz", ".tar.bz2": "bzip2", ".tar": "tar"}
+
+
+def real_tarball(tmp_path: Path, suffix: str, name: str = "netboot") -> Path:
+    """The text tree with a kernel and an initrd of incompressible bytes, packed by GNU tar
+    as Debian's netboot.tar.gz is (so the damage lands in data as well as in headers).
+    The compression is Python's, the same formats: trixie's minbase has no xz or bzip2."""
+    tree = copy_fixture("text", tmp_path / f"{name}-tree")
+    rng = __import__("random").Random(14)
+    for member, size in (("linux", 300_000), ("initrd.gz", 600_000)):
+        (tree / "debian-installer/amd64" / member).write_bytes(rng.randbytes(size))
+    plain = subprocess.run(
+        ["tar", "-C", tree, "--sort=name", "-cf", "-", "."], check=True, capture_output=True
+    ).stdout
+    path = tmp_path / f"{name}{suffix}"
+    path.write_bytes(COMPRESSORS[suffix](plain))
+    shutil.rmtree(tree)
+    return path
+
+
+def gnu_tar_lists(path: Path) -> Optional[bool]:
+    """Whether GNU tar lists the archive without an error; None where it cannot try for
+    want of the decompressor (trixie's minbase has neither xz nor bzip2)."""
+    suffix = next(s for s in DECOMPRESSOR_COMMANDS if path.name.endswith(s))
+    if not shutil.which(DECOMPRESSOR_COMMANDS[suffix]):
+        return None
+    return subprocess.run(["tar", "-tf", path], capture_output=True).returncode == 0
+
+
+def assert_refused_everywhere(capsys, tmp_path: Path, path: Path, expected: str) -> None:
+    """Exit 2 and one line in place, with --output (tree and tarball) and with --check;
+    the source keeps its bytes and nothing new appears."""
+    before = path.read_bytes()
+    listing_before = sorted(os.listdir(tmp_path))
+    for argv in ([], ["-o", tmp_path / "out"], ["-o", tmp_path / "out.tar.gz"], ["--check"]):
+        code, out, err = run(capsys, path, *argv)
+        assert code == 2, (argv, out, err)
+        assert err.count("\n") == 1 and expected in err, (argv, err)
+        assert path.read_bytes() == before
+        assert sorted(os.listdir(tmp_path)) == listing_before, argv
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.xz", ".tar.bz2"])
+@pytest.mark.parametrize("where", [0.2, 0.5, 0.8, 0.999])
+def test_bit_flip_in_compressed_tarball_is_refused(capsys, tmp_path, suffix, where):
+    path = real_tarball(tmp_path, suffix)
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * where)] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert gnu_tar_lists(path) is not True
+    assert_refused_everywhere(capsys, tmp_path, path, "damaged tarball")
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.xz", ".tar.bz2", ".tar"])
+def test_cut_member_is_refused(capsys, tmp_path, suffix):
+    path = real_tarball(tmp_path, suffix)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert gnu_tar_lists(path) is not True
+    assert_refused_everywhere(capsys, tmp_path, path, "truncated download?")
+
+
+def corrupt_header(tmp_path: Path, member: str, suffix: str) -> Path:
+    """A plain archive whose header of member is damaged (its checksum no longer fits),
+    compressed afterwards so that only the tar layer is wrong."""
+    plain = real_tarball(tmp_path, ".tar", "plain")
+    data = bytearray(plain.read_bytes())
+    with tarfile.open(plain) as tar:
+        offset = tar.getmember(member).offset
+    data[offset + 130] ^= 0x01  # in the uid field
+    plain.unlink()
+    path = tmp_path / f"netboot{suffix}"
+    opener = {".tar": open, ".tar.gz": gzip.open}[suffix]
+    with opener(path, "wb") as out:
+        out.write(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+@pytest.mark.parametrize(
+    "member", ["./debian-installer/amd64/initrd.gz", "./debian-installer/amd64/linux"]
+)
+def test_corrupt_header_mid_archive_is_refused(capsys, tmp_path, suffix, member):
+    path = corrupt_header(tmp_path, member, suffix)
+    # tarfile alone stops quietly there; GNU tar reports "Skipping to next header".
+    with tarfile.open(path) as tar:
+        assert member not in tar.getnames()
+    result = subprocess.run(["tar", "-tf", path], capture_output=True, text=True)
+    assert result.returncode == 2 and "Skipping to next header" in result.stderr
+    assert_refused_everywhere(capsys, tmp_path, path, "damaged or unreadable tar header")
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.xz", ".tar.bz2", ".tar"])
+def test_trailing_garbage_is_refused(capsys, tmp_path, suffix):
+    path = real_tarball(tmp_path, suffix)
+    with open(path, "ab") as out:
+        out.write(b"<html>502 Bad Gateway</html>\n")
+    assert_refused_everywhere(capsys, tmp_path, path, "data after the end")
+
+
+def test_data_after_the_end_marker_inside_the_compression_is_refused(capsys, tmp_path):
+    plain = real_tarball(tmp_path, ".tar", "plain").read_bytes()
+    path = tmp_path / "netboot.tar.gz"
+    with gzip.open(path, "wb") as out:
+        out.write(plain + b"more data after the end of the archive".ljust(512, b"\0"))
+    assert_refused_everywhere(capsys, tmp_path, path, "data after the end-of-archive marker")
+
+
+def test_archive_without_end_marker_is_refused(capsys, tmp_path):
+    plain = real_tarball(tmp_path, ".tar", "plain").read_bytes()
+    path = tmp_path / "netboot.tar.gz"
+    with gzip.open(path, "wb") as out:
+        # Cut after the last member's last block: it is whole, only the end marker is gone.
+        out.write(plain[: -(-len(plain.rstrip(b"\0")) // 512) * 512])
+    assert_refused_everywhere(capsys, tmp_path, path, "no end-of-archive marker")
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.xz", ".tar.bz2", ".tar"])
+def test_undamaged_real_tarball_is_serialized_whole(capsys, tmp_path, suffix):
+    path = real_tarball(tmp_path, suffix)
+    with tarfile.open(path) as tar:
+        before = {m.name: m.size for m in tar if m.isreg()}
+    assert run(capsys, path)[0] == 0
+    assert gnu_tar_lists(path) is not False
+    with tarfile.open(path) as tar:
+        after = {m.name: m.size for m in tar if m.isreg()}
+    assert after.keys() == before.keys()
+    assert run(capsys, path, "--check")[0] == 0
+
+
+def test_concatenated_gzip_members_and_xz_padding_are_read(capsys, tmp_path):
+    plain = real_tarball(tmp_path, ".tar", "plain").read_bytes()
+    half = len(plain) // 2
+    two = tmp_path / "two.tar.gz"
+    two.write_bytes(gzip.compress(plain[:half]) + gzip.compress(plain[half:]))
+    padded = tmp_path / "padded.tar.xz"
+    padded.write_bytes(__import__("lzma").compress(plain) + b"\0" * 8)
+    for path in (two, padded):
+        code, _, err = run(capsys, path, "-o", tmp_path / f"{path.name}.out.tar")
+        assert code == 0, err
+
+
+def test_sparse_member_keeps_its_data(capsys, tmp_path):
+    tree = copy_fixture("text", tmp_path / "tree")
+    sparse = tree / "debian-installer/amd64/sparse.img"
+    with open(sparse, "wb") as out:
+        out.seek(1 << 20)
+        out.write(b"data after a hole")
+        out.seek(3 << 20)
+        out.write(b"and at the end")
+    path = tmp_path / "netboot.tar.gz"
+    subprocess.run(["tar", "-C", tree, "--sparse", "-czf", path, "."], check=True)
+    with tarfile.open(path) as tar:
+        assert tar.getmember("./debian-installer/amd64/sparse.img").issparse()
+    for out in (tmp_path / "out.tar.gz", tmp_path / "out"):
+        assert run(capsys, path, "-o", out)[0] == 0
+    with tarfile.open(tmp_path / "out.tar.gz") as tar:
+        data = tar.extractfile("./debian-installer/amd64/sparse.img").read()
+    assert data == sparse.read_bytes()
+    assert (tmp_path / "out/debian-installer/amd64/sparse.img").read_bytes() == data
+    unpacked = tmp_path / "gnu"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-C", unpacked, "-xzf", tmp_path / "out.tar.gz"], check=True)
+    assert (unpacked / "debian-installer/amd64/sparse.img").read_bytes() == data
+
+
+# --- architectures and consoles ---------------------------------------------------------------
+
+ARM64_GRUB = "debian-installer/arm64/grub/grub.cfg"
+
+
+def test_arm64_grub_only_tree_defaults_to_ttyama0(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    code, out, err = run(capsys, tree)
+    assert code == 0, err
+    cfg = (tree / ARM64_GRUB).read_text()
+    linux = [ln for ln in cfg.splitlines() if ln.strip().startswith("linux")]
+    assert linux and all(ln.endswith(" console=ttyAMA0,115200n8") for ln in linux)
+    assert "terminal_output console" in cfg and "serial --unit" not in cfg
+    assert run(capsys, tree, "--check")[0] == 0
+    assert run(capsys, tree, "--check", "--console", "ttyS0,115200")[0] == 1
+
+
+def test_arm64_tarball_with_an_8250_console(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    path = make_tarball(tree, tmp_path / "netboot.tar.gz")
+    assert run(capsys, path, "--console", "ttyS2,9600")[0] == 0
+    with tarfile.open(path) as tar:
+        cfg = tar.extractfile("./" + ARM64_GRUB).read().decode()
+    assert "serial --unit=2 --speed=9600" in cfg and "console=ttyS2,9600n8" in cfg
+
+
+def test_syslinux_tree_refuses_a_console_syslinux_cannot_drive(capsys, tree):
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree, "--console", "ttyAMA0,115200")
+    assert code == 2 and "syslinux" in err and err.count("\n") == 1
+    assert snapshot(tree) == before
+
+
+def test_grub_serial_unit_for_high_ports(capsys, tmp_path):
+    tree = tmp_path / "arm64"
+    shutil.copytree(DATA / "arm64", tree)
+    assert run(capsys, tree, "--console", "ttyS17,115200")[0] == 0
+    assert "serial --unit=17 " in (tree / ARM64_GRUB).read_text()
+
+
+def test_several_architectures_are_refused_by_name(capsys, tmp_path, tree):
+    shutil.copytree(DATA / "arm64/debian-installer/arm64", tree / "debian-installer/arm64")
+    before = snapshot(tree)
+    code, _, err = run(capsys, tree)
+    assert code == 2 and "(amd64, arm64)" in err
+    assert snapshot(tree) == before
+
+
+def test_symlinked_grub_directory_is_refused(capsys, tmp_path, tree):
+    grub = tree / "debian-installer/amd64/grub"
+    grub.rename(tmp_path / "real-grub")
+    grub.symlink_to(tmp_path / "real-grub")
+    code, _, err = run(capsys, tree, "--check")
+    assert code == 2 and "symlinked directory" in err
+
+
+def test_tree_without_grub_cfg_warns(capsys, caplog, tree):
+    (tree / GRUB).unlink()
+    code, _, err = run(capsys, tree)
+    assert code == 0
+    assert "UEFI clients stay on their VGA console" in caplog.text
+
+
+def test_quiet_prints_nothing(capsys, tree):
+    assert run(capsys, tree, "-q", "--check") == (1, "", "")
+    code, out, err = run(capsys, tree, "-q")
+    assert (code, out, err) == (0, "", "")
+    code, out, err = run(capsys, tree, "--quiet", "--check")
+    assert (code, out, err) == (0, "", "")
+    assert "console=" in run(capsys, tree, "-q", "--dry-run", "--console", "ttyS1,9600")[1]
+
+
+def test_sha256sums(capsys, tmp_path):
+    path = real_tarball(tmp_path, ".tar.gz")
+    digest = __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    other = "0" * 64
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(
+        f"{other}  ./netboot/gtk/netboot.tar.gz\n{digest}  ./netboot/netboot.tar.gz\n"
+        f"{other}  ./netboot/debian-installer/amd64/linux\n"
+    )
+    assert run(capsys, path, "--sha256sums", sums, "--check")[0] == 1
+    # A download that does not match is refused before it is read or touched.
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 1
+    path.write_bytes(bytes(data))
+    code, _, err = run(capsys, path, "--sha256sums", sums)
+    assert code == 2 and "does not match its SHA256SUMS entry" in err and err.count("\n") == 1
+    assert path.read_bytes() == bytes(data)
+    sums.write_text(f"{digest}  ./netboot/other.tar.gz\n")
+    code, _, err = run(capsys, path, "--sha256sums", sums)
+    assert code == 2 and "lists no file named netboot.tar.gz" in err
+    code, _, err = run(capsys, path, "--sha256sums", tmp_path / "missing")
+    assert code == 2 and "cannot read --sha256sums" in err
+
+
+def test_sha256sums_needs_a_tarball(capsys, tree, tmp_path):
+    (tmp_path / "SHA256SUMS").write_text("")
+    code, _, err = run(capsys, tree, "--sha256sums", tmp_path / "SHA256SUMS")
+    assert code == 2 and "not a directory tree" in err
+
+
+def test_json_findings_under_check(capsys, tree):
+    (tree / GRUB).unlink()
+    code, out, _ = run(capsys, tree, "--check", "--json")
+    doc = json.loads(out)
+    assert code == 1
+    codes = {(f["code"], f["severity"]) for f in doc["findings"]}
+    assert ("not-serialized", "action") in codes and ("no-grub-cfg", "warning") in codes
+    assert run(capsys, tree, "-q")[0] == 0
+    code, out, _ = run(capsys, tree, "--check", "--json")
+    assert code == 0
+    assert [f["code"] for f in json.loads(out)["findings"]] == ["no-grub-cfg"]
+
+
+def test_padding_bomb_after_the_end_marker_is_refused(capsys, tmp_path, monkeypatch):
+    plain = real_tarball(tmp_path, ".tar", "plain").read_bytes()
+    path = tmp_path / "netboot.tar.gz"
+    monkeypatch.setattr(nst, "MAX_READ", 1 << 20)
+    with gzip.open(path, "wb") as out:
+        out.write(plain + b"\0" * (2 << 20))
+    assert_refused_everywhere(capsys, tmp_path, path, "of padding after the end-of-archive")

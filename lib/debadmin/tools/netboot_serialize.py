@@ -4,6 +4,7 @@ import argparse
 import ctypes
 import difflib
 import filecmp
+import hashlib
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from debadmin import cli, fsutil
+from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import netboot_serialize_tar as tarball
@@ -23,7 +25,14 @@ from debadmin.tools import netboot_serialize_tar as tarball
 PROG = "netboot-serialize"
 log = logging.getLogger("debadmin")
 
-CONSOLE = re.compile(r"^ttyS([0-3]),([0-9]+)(n8)?$")
+# Kernel serial console names this tool accepts: 8250/16550 UARTs (x86, many servers),
+# the PL011 of arm64 (ttyAMA), Zynq (ttyPS), hypervisor consoles (hvc) and USB adapters.
+CONSOLE = re.compile(
+    r"^(ttyS(?:[0-9]|[12][0-9]|3[01])|ttyAMA[0-3]|ttyPS[0-3]|hvc[0-7]|ttyUSB[0-9]),([0-9]+)(n8)?$"
+)
+# The default console per architecture (the debian-installer/ARCH directory name).
+DEFAULT_CONSOLE = {"arm64": "ttyAMA0,115200n8"}
+X86_CONSOLE = "ttyS0,115200n8"
 BAUDS = (1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200)
 MARKER = "# netboot-serialize:"
 # The note of a menu file that differs in its settings comment only.
@@ -54,7 +63,7 @@ AUTOBOOT = re.compile(r"^\s*(timeout|totaltimeout|ontimeout|menu\s+autoboot)\b",
 class Settings:
     """What a serialized tree looks like: the console and the extra kernel arguments."""
 
-    port: int
+    device: str
     baud: int
     also_vga: bool = False
     extra_args: str = ""
@@ -63,7 +72,13 @@ class Settings:
 
     @property
     def console(self) -> str:
-        return f"ttyS{self.port},{self.baud}n8"
+        return f"{self.device},{self.baud}n8"
+
+    @property
+    def port(self) -> Optional[int]:
+        """The 8250 port number of ttyS<n> (syslinux's and GRUB's serial unit), else None."""
+        match = re.fullmatch(r"ttyS([0-9]+)", self.device)
+        return int(match.group(1)) if match else None
 
     def extra(self) -> Tuple[List[str], List[str]]:
         """Extra arguments before '---' (installer only) and after it (also installed)."""
@@ -80,19 +95,20 @@ class Settings:
         )
 
 
-def parse_console(spec: str) -> Tuple[int, int]:
+def parse_console(spec: str) -> Tuple[str, int]:
     match = CONSOLE.match(spec)
     if not match:
         raise Error(
-            f"invalid console {spec!r}: expected ttyS0..ttyS3,BAUD[n8] "
-            "(syslinux drives 8N1 only), e.g. ttyS1,115200n8"
+            f"invalid console {spec!r}: expected DEVICE,BAUD[n8] with DEVICE one of "
+            "ttyS0..ttyS31, ttyAMA0..3, ttyPS0..3, hvc0..7, ttyUSB0..9 (8N1 only), "
+            "e.g. ttyS1,115200n8"
         )
     baud = int(match.group(2))
     if baud not in BAUDS:
         raise Error(
             f"invalid console {spec!r}: baud rate must be one of " f"{', '.join(map(str, BAUDS))}"
         )
-    return int(match.group(1)), baud
+    return match.group(1), baud
 
 
 def parse_extra_args(text: str) -> str:
@@ -117,10 +133,10 @@ def parse_marker(line: str) -> Optional[Settings]:
         return None
     try:
         fields = dict(w.split("=", 1) for w in shlex.split(line[len(MARKER) :]) if "=" in w)
-        port, baud = parse_console(fields.get("console", ""))
+        device, baud = parse_console(fields.get("console", ""))
     except (ValueError, Error):
         return None
-    return Settings(port, baud, fields.get("also-vga") == "yes", fields.get("extra-args", ""))
+    return Settings(device, baud, fields.get("also-vga") == "yes", fields.get("extra-args", ""))
 
 
 # --- kernel command lines --------------------------------------------------------------------
@@ -387,12 +403,20 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
             at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"), 0)
             break
     unit = new.port
-    block = [
-        new.marker(),
-        f"serial --unit={unit} --speed={new.baud} --word=8 --parity=no --stop=1",
-        "terminal_input serial console",
-        "terminal_output serial console",
-    ]
+    if unit is not None:
+        block = [
+            new.marker(),
+            f"serial --unit={unit} --speed={new.baud} --word=8 --parity=no --stop=1",
+            "terminal_input serial console",
+            "terminal_output serial console",
+        ]
+        what = f"serial terminal on unit {unit} at {new.baud} baud"
+    else:
+        # GRUB's serial command drives 8250 ports (and EFI serial I/O devices by their
+        # firmware names); a PL011 or hypervisor console is the UEFI console itself on
+        # arm64 servers and AAVMF, so the menu goes to the firmware console.
+        block = [new.marker(), "terminal_input console", "terminal_output console"]
+        what = f"firmware console for {new.device}"
     if new.timeout:
         title = ENTRIES[new.default or "install"][1]
         if title not in grub_entries(data):
@@ -407,8 +431,7 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
     if result != data:
         notes.insert(
             0,
-            f"serial terminal on unit {unit} at {new.baud} baud"
-            + (f", timeout {new.timeout} s" if new.timeout else ""),
+            what + (f", timeout {new.timeout} s" if new.timeout else ""),
         )
     return result, notes
 
@@ -433,21 +456,38 @@ def find_layout(names: List[str]) -> Layout:
     """Recognise an installer netboot tree from its relative file names."""
     arch_dirs = sorted(
         {
-            n[: -len("/boot-screens/syslinux.cfg")]
-            for n in names
-            if re.fullmatch(r"debian-installer/[a-z0-9]+/boot-screens/syslinux\.cfg", n)
+            match.group(1)
+            for match in (
+                re.fullmatch(
+                    r"(debian-installer/[a-z0-9]+)/(boot-screens/syslinux|grub/grub)\.cfg", n
+                )
+                for n in names
+            )
+            if match
         }
     )
-    if "pxelinux.0" not in names or len(arch_dirs) != 1:
+    if len(arch_dirs) > 1:
         raise Error(
-            "not a Debian installer netboot tree: expected pxelinux.0 and one "
-            "debian-installer/ARCH/boot-screens/syslinux.cfg"
+            "a TFTP root with several installer trees ("
+            + ", ".join(d.split("/")[1] for d in arch_dirs)
+            + ") is not supported: serialize each architecture's netboot tree, then "
+            "merge them"
+        )
+    if not arch_dirs:
+        raise Error(
+            "not a Debian installer netboot tree: expected "
+            "debian-installer/ARCH/boot-screens/syslinux.cfg (BIOS) or "
+            "debian-installer/ARCH/grub/grub.cfg (UEFI)"
         )
     arch = arch_dirs[0]
+    if f"{arch}/boot-screens/syslinux.cfg" in names and "pxelinux.0" not in names:
+        raise Error("not a Debian installer netboot tree: syslinux menus but no pxelinux.0")
     configs = sorted(
         n for n in names if re.fullmatch(re.escape(arch) + r"/boot-screens/[^/]+\.cfg", n)
     )
     grub = f"{arch}/grub/grub.cfg" if f"{arch}/grub/grub.cfg" in names else None
+    if grub is None:
+        log.warning("%s has no grub/grub.cfg: UEFI clients stay on their VGA console", arch)
     return Layout(arch, configs, grub, "version.info" if "version.info" in names else None)
 
 
@@ -473,7 +513,12 @@ class Change:
 def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Change]:
     """The edits that serialize the tree whose relevant files are given; pure."""
     prefix = layout.arch_dir + "/boot-screens/"
-    legacy = syslinux_marker(files[prefix + "syslinux.cfg"])
+    if layout.configs and new.port not in range(4):
+        raise Error(
+            f"console {new.device}: this tree boots BIOS clients with syslinux, which "
+            "drives ttyS0..ttyS3 only"
+        )
+    legacy = syslinux_marker(files.get(prefix + "syslinux.cfg", b""))
     result: Dict[str, Tuple[bytes, List[str]]] = {}
     for name in layout.configs:
         if name[len(prefix) :] not in TOP_LEVEL:
@@ -509,6 +554,11 @@ def read_tree(top: Path) -> Tuple[Layout, Dict[str, bytes]]:
     if not top.is_dir():
         raise Error(f"{top} is not a directory or a tarball")
     layout = find_layout(tree_names(top))
+    if (top / layout.arch_dir / "grub").is_symlink():
+        raise Error(
+            f"refusing {top / layout.arch_dir / 'grub'}: a symlinked directory "
+            "(its grub.cfg is not edited through a link)"
+        )
     files = {}
     real_top = top.resolve()
     for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
@@ -539,6 +589,11 @@ def read_tarball(path: Path) -> Tuple[Layout, Dict[str, bytes], List[tarball.Mem
 
     members, contents = tarball.read_members(path, choose)
     layout = found[0]
+    if any(m.name == f"{layout.arch_dir}/grub" and m.kind == "symlink" for m in members):
+        raise Error(
+            f"refusing tarball: {layout.arch_dir}/grub is a symlinked directory "
+            "(its grub.cfg is not edited through a link)"
+        )
     for name in layout.configs + [n for n in (layout.grub, layout.version) if n]:
         if name not in contents:
             raise Error(f"refusing tarball: {name} is not a regular file")
@@ -713,6 +768,22 @@ class Report:
     changes: List[Change] = field(default_factory=list)
     mode: str = "apply"
     written: bool = False
+    warnings: List[dict] = field(default_factory=list)
+
+    def findings(self) -> List[dict]:
+        """The shared shape: each file not serialized as asked (action under --check,
+        info otherwise: a run fixes it), then the warnings about the tree."""
+        severity = "action" if self.mode == "check" else "info"
+        return [
+            finding(
+                "comment-only" if c.notes == [COMMENT_ONLY] else "not-serialized",
+                "info" if c.notes == [COMMENT_ONLY] else severity,
+                f"{c.path}: {'; '.join(c.notes)}",
+                c.path,
+                what=c.notes,
+            )
+            for c in self.changes
+        ] + self.warnings
 
     def diff(self) -> str:
         chunks = []
@@ -742,6 +813,7 @@ class Report:
             "default": self.settings.default,
             "serialized": not self.changes,
             "changes": [{"path": c.path, "what": c.notes} for c in self.changes],
+            "findings": self.findings(),
             "written": self.written,
         }
         if self.mode == "dry-run":
@@ -749,8 +821,9 @@ class Report:
         return document
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    port, baud = parse_console(args.console)
+def settings_from(args: argparse.Namespace, arch: str = "amd64") -> Settings:
+    spec = args.console if args.console is not None else DEFAULT_CONSOLE.get(arch, X86_CONSOLE)
+    device, baud = parse_console(spec)
     if args.timeout is not None and not 1 <= args.timeout <= 3599:
         raise Error("--timeout must be between 1 and 3599 seconds")
     if args.default is not None and args.default not in ENTRIES:
@@ -758,7 +831,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.default and args.timeout is None:
         raise Error("--default needs --timeout: it names the entry booted when it expires")
     return Settings(
-        port,
+        device,
         baud,
         args.also_vga,
         parse_extra_args(args.extra_args or ""),
@@ -836,15 +909,62 @@ def check_output(source: Path, source_kind: str, dest: Path, names: Set[str]) ->
     return dest_kind
 
 
+def verify_sha256sums(source: Path, sums: Path) -> str:
+    """Check source against a SHA256SUMS file as Debian publishes it next to netboot.tar.gz
+    (lines 'HASH  ./netboot/netboot.tar.gz'); the listed path whose hash matches.
+
+    The text and gtk tarballs share a file name, so any line with source's name may match.
+    """
+    try:
+        text = sums.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise Error(f"cannot read --sha256sums {sums}: {exc.strerror}") from None
+    listed = {}
+    for line in text.splitlines():
+        match = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
+        if match and posixpath_name(match.group(2)) == source.name:
+            listed[match.group(2)] = match.group(1).lower()
+    if not listed:
+        raise Error(f"--sha256sums {sums} lists no file named {source.name}")
+    digest = hashlib.sha256()
+    try:
+        with open(source, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise Error(f"cannot read {source}: {exc.strerror}") from None
+    found = [name for name, value in listed.items() if value == digest.hexdigest()]
+    if not found:
+        raise Error(
+            f"{source} does not match its SHA256SUMS entry ({', '.join(sorted(listed))}): "
+            "a damaged or different download"
+        )
+    return found[0]
+
+
+def posixpath_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
 def run(args: argparse.Namespace) -> int:
-    new = settings_from(args)
+    settings_from(args)  # bad options are refused before the source is read
     source = Path(args.source)
     source_kind = kind_of(source)
+    if args.sha256sums is not None:
+        if source_kind != "tarball":
+            raise Error("--sha256sums checks a downloaded tarball, not a directory tree")
+        log.info(
+            "%s matches %s in %s",
+            source,
+            verify_sha256sums(source, Path(args.sha256sums)),
+            args.sha256sums,
+        )
     members: List[tarball.Member] = []
     if source_kind == "tree":
         layout, files = read_tree(source)
     else:
         layout, files, members = read_tarball(source)
+    new = settings_from(args, layout.arch_dir.split("/")[-1])
     dest = output_path(args.output)
     if dest is not None and dest.resolve() == source.resolve():
         dest = None
@@ -865,6 +985,15 @@ def run(args: argparse.Namespace) -> int:
         changes,
         mode,
     )
+    if layout.grub is None:
+        report.warnings.append(
+            finding(
+                "no-grub-cfg",
+                "warning",
+                f"{layout.arch_dir} has no grub/grub.cfg: UEFI clients stay on their VGA console",
+                layout.arch_dir,
+            )
+        )
     if mode == "apply":
         if (
             dest is None
@@ -880,7 +1009,8 @@ def run(args: argparse.Namespace) -> int:
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
     if args.json:
         emit_json(report.as_dict())
-    else:
+    elif getattr(args, "verbosity", 0) >= 0 or mode == "dry-run":
+        # -q: the exit status says it all (a dry run's diff is its result, kept).
         print_report(report)
     # A file whose only difference is the settings comment (written by 0.1.0, which
     # kept it in syslinux.cfg alone) boots as asked: not a reason to alarm a monitor.
@@ -1013,9 +1143,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-c",
         "--console",
-        default="ttyS0,115200n8",
-        metavar="ttySN,BAUD",
-        help="serial console (default: ttyS0,115200n8)",
+        metavar="DEVICE,BAUD",
+        help="serial console: ttyS0..31, ttyAMA0..3, ttyPS0..3, hvc0..7 or ttyUSB0..9 and "
+        "a baud rate (default: ttyS0,115200n8; ttyAMA0,115200n8 for arm64)",
     )
     parser.add_argument(
         "--also-vga", action="store_true", help="keep a VGA console too (vga=788 and console=tty0)"
@@ -1043,6 +1173,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "-n", "--dry-run", action="store_true", help="print a unified diff and write nothing"
+    )
+    parser.add_argument(
+        "--sha256sums",
+        metavar="FILE",
+        help="check the tarball SOURCE against FILE, the installer's SHA256SUMS (lines "
+        "'HASH  ./netboot/netboot.tar.gz'), before reading it",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser

@@ -40,12 +40,10 @@ SUFFIXES = (
     (".tar", "plain"),
 )
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"))
-OPENERS: Dict[str, Callable[[BinaryIO], BinaryIO]] = {
-    "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
-    "xz": lambda raw: lzma.LZMAFile(raw, "rb"),
-    "bzip2": lambda raw: bz2.BZ2File(raw, "rb"),
-}
 READ_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
+CHUNK = 1 << 16  # compressed bytes read at a time
+# The end-of-archive marker: two zero blocks (GNU tar accepts one with a warning).
+BLOCK = 512
 
 
 def compression_of_name(path: Path) -> Optional[str]:
@@ -190,25 +188,154 @@ def validate(tar: tarfile.TarFile) -> List[Member]:
     return members
 
 
-class _BoundedReads:
-    """The decompressed archive, refusing any single read over MAX_READ bytes."""
+class Damaged(Error):
+    """The archive or its compression is damaged: refused before anything is written."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
+
+def _decompressor(compression: str):
+    if compression == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)  # checks the CRC-32 and ISIZE trailer
+    if compression == "xz":
+        return lzma.LZMADecompressor(lzma.FORMAT_XZ)  # checks the stream's check field
+    return bz2.BZ2Decompressor()  # checks every block's and the stream's CRC
+
+
+def decompressed_chunks(raw: BinaryIO, compression: str) -> Iterator[bytes]:
+    """The decompressed bytes of raw, read to its last byte: every stream's checksum
+    verified, concatenated streams followed, anything else after them refused."""
+    if compression == "plain":
+        yield from iter(lambda: raw.read(CHUNK), b"")
+        return
+    magic = next(m for m, kind in MAGIC if kind == compression)
+    dec = _decompressor(compression)
+    data = raw.read(CHUNK)
+    while True:
+        try:
+            out = dec.decompress(data, CHUNK * 16)
+        except (zlib.error, lzma.LZMAError, OSError, EOFError) as exc:
+            raise Damaged(f"its {compression} data fails the check ({_one_line(exc)})") from None
+        if compression == "gzip":
+            data = dec.unconsumed_tail
+            # Output may still be pending with all input taken: ask again before reading.
+            needs_input = not data and not out
+        else:
+            data, needs_input = b"", dec.needs_input
+        if out:
+            yield out
+        if dec.eof:
+            rest = dec.unused_data
+            while len(rest) < len(magic):
+                more = raw.read(CHUNK)
+                if not more:
+                    break
+                rest += more
+            if rest.startswith(magic):
+                dec, data = _decompressor(compression), rest  # a concatenated stream
+                continue
+            padding = len(rest)
+            while rest:
+                if rest.strip(b"\0") or compression == "bzip2":
+                    raise Damaged(f"data after the end of the {compression} stream")
+                rest = raw.read(CHUNK)
+                padding += len(rest)
+            if compression == "xz" and padding % 4:
+                raise Damaged("xz stream padding that is not a multiple of four bytes")
+            return
+        if needs_input:
+            data = raw.read(CHUNK)
+            if not data:
+                raise Damaged(f"the {compression} data ends early (truncated download?)")
+
+
+class _Stream:
+    """The decompressed archive as a file tarfile can read in stream order.
+
+    Forward seeks decompress and drop; a backward seek starts again from the first byte,
+    so every byte read has passed the compressor's checks once the end is reached.  Any
+    single read over MAX_READ bytes is refused (tarfile reads a long name or pax header
+    whole, so a hostile archive declaring a 600 MB name would be held in memory).
+    """
+
+    def __init__(self, path: Path, compression: str) -> None:
+        self.path = path
+        self.compression = compression
+        self.raw: Optional[BinaryIO] = None
+        self._restart()
+
+    def _restart(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+        try:
+            self.raw = open(self.path, "rb")
+        except OSError as exc:
+            raise Error(f"cannot read tarball {self.path}: {exc.strerror}") from None
+        self.chunks = decompressed_chunks(self.raw, self.compression)
+        self.buffer = b""
+        self.position = 0  # of the first byte of buffer in the decompressed stream
+        self.at = 0  # the read position
+        self.ended = False
+
+    def _fill(self, want: int) -> None:
+        """Decompress until buffer holds the bytes up to want, or the end."""
+        while not self.ended and self.position + len(self.buffer) < want:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                self.ended = True
+                break
+            drop = min(self.at - self.position, len(self.buffer))
+            self.buffer = self.buffer[drop:] + chunk
+            self.position += drop
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0 or size > MAX_READ:
             raise Error(f"refusing tarball: a header or name of over {MAX_READ} bytes")
-        return self.raw.read(size)
+        self._fill(self.at + size)
+        start = max(self.at - self.position, 0)
+        data = self.buffer[start : start + size] if self.at >= self.position else b""
+        self.at += len(data)
+        return data
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self.raw.seek(offset, whence)
+        if whence == os.SEEK_CUR:
+            offset += self.at
+        elif whence != os.SEEK_SET:
+            raise OSError("only absolute seeks")
+        if offset < self.position:
+            self._restart()
+        self.at = offset
+        while self.at > self.position + len(self.buffer) and not self.ended:
+            self.buffer, self.position = b"", self.position + len(self.buffer)
+            self._fill(min(self.at, self.position + MAX_READ))
+        return self.at
 
     def tell(self) -> int:
-        return self.raw.tell()
+        return self.at
+
+    def rest_is_end_marker(self, offset: int) -> Optional[str]:
+        """Read from offset to the last byte; why it is not an end-of-archive marker."""
+        self.seek(offset)
+        zeros = 0
+        while True:
+            chunk = self.read(CHUNK)
+            if not chunk:
+                break
+            if chunk.strip(b"\0"):
+                zeros += len(chunk) - len(chunk.lstrip(b"\0"))
+                if zeros < BLOCK:
+                    return f"a damaged or unreadable tar header at byte {offset}"
+                return f"data after the end-of-archive marker (byte {offset + zeros})"
+            zeros += len(chunk)
+            if zeros > MAX_READ:
+                # GNU tar pads to its record size (10 kB by default): gigabytes of
+                # compressed zeros are a bomb, not padding.
+                return f"over {MAX_READ} bytes of padding after the end-of-archive marker"
+        if zeros < BLOCK:
+            return "no end-of-archive marker (truncated download?)"
+        return None
 
     def close(self) -> None:
-        self.raw.close()
+        if self.raw is not None:
+            self.raw.close()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -216,6 +343,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def read_error(path: Path, exc: BaseException) -> Error:
+    if isinstance(exc, tarfile.ReadError) and "unexpected end of data" in str(exc):
+        return damaged(path, Damaged("a member is cut short (truncated download?)"))
     return Error(f"cannot read tarball {path}: {_one_line(exc)}")
 
 
@@ -230,17 +359,13 @@ def detect_compression(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def open_tarball(path: Path) -> Iterator[tarfile.TarFile]:
+def open_tarball(path: Path) -> Iterator[Tuple[tarfile.TarFile, "_Stream"]]:
     """The archive at path, gzip, xz, bzip2 or plain, for reading in stream order."""
     compression = detect_compression(path)
+    stream = _Stream(path, compression)
     try:
-        raw = open(path, "rb")
-    except OSError as exc:
-        raise Error(f"cannot read tarball {path}: {exc.strerror}") from None
-    with raw:
-        stream = OPENERS[compression](raw) if compression in OPENERS else raw
         try:
-            tar = tarfile.open(fileobj=_BoundedReads(stream), mode="r:")
+            tar = tarfile.open(fileobj=stream, mode="r:")
         except tarfile.ReadError:
             raise Error(
                 f"cannot read tarball {path}: "
@@ -250,10 +375,27 @@ def open_tarball(path: Path) -> Iterator[tarfile.TarFile]:
                     else f"no tar archive inside its {compression} compression"
                 )
             ) from None
+        except Damaged as exc:
+            raise damaged(path, exc) from None
         except READ_ERRORS as exc:
             raise read_error(path, exc) from None
         with tar:
-            yield tar
+            yield tar, stream
+    finally:
+        stream.close()
+
+
+def damaged(path: Path, exc: BaseException) -> Error:
+    return Error(f"refusing damaged tarball {path}: {_one_line(exc)}")
+
+
+def read_to_end(path: Path, tar: tarfile.TarFile, stream: "_Stream") -> None:
+    """After the last member tarfile found: the end marker, then nothing but zeros to the
+    last byte of the file, which the decompressor checks.  tarfile stops quietly at a
+    damaged header mid-archive; GNU tar reports 'Skipping to next header' and fails."""
+    why = stream.rest_is_end_marker(tar.offset)
+    if why:
+        raise Damaged(why)
 
 
 def read_members(
@@ -265,9 +407,10 @@ def read_members(
     Only those are read into memory, each at most MAX_WANTED_SIZE, MAX_WANTED_TOTAL in all.
     """
     contents: Dict[str, bytes] = {}
-    with open_tarball(path) as tar:
+    with open_tarball(path) as (tar, stream):
         try:
             members = validate(tar)
+            read_to_end(path, tar, stream)
             wanted = set(choose([m.name for m in members]))
             total = 0
             for member in members:
@@ -285,21 +428,31 @@ def read_members(
                     )
                 handle = tar.extractfile(member.info)
                 contents[member.name] = handle.read() if handle else b""
+        except Damaged as exc:
+            raise damaged(path, exc) from None
         except READ_ERRORS as exc:
             raise read_error(path, exc) from None
     return members, contents
+
+
+def _all_seen(seen: int, members: List[Member]) -> None:
+    """A second read of the archive met every member the first one validated."""
+    if seen != len(members):
+        raise Damaged(f"{seen} of its {len(members)} members read: it changed while being read")
 
 
 def extract(path: Path, members: List[Member], dest: Path, replace: Dict[str, bytes]) -> None:
     """Unpack validated members into the empty directory dest, with replaced contents."""
     by_name = {m.info.name: m for m in members}
     dirs = []
-    with open_tarball(path) as tar:
+    seen = 0
+    with open_tarball(path) as (tar, stream):
         try:
             for info in tar:
                 member = by_name.get(info.name)
                 if member is None:
                     continue
+                seen += 1
                 target = dest / member.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 mode = info.mode & 0o777
@@ -323,6 +476,10 @@ def extract(path: Path, members: List[Member], dest: Path, replace: Dict[str, by
                         os.fchmod(out.fileno(), mode)
                     if member.name not in replace:
                         os.utime(target, (info.mtime, info.mtime), follow_symlinks=False)
+            _all_seen(seen, members)
+            read_to_end(path, tar, stream)
+        except Damaged as exc:
+            raise damaged(path, exc) from None
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
             raise read_error(path, exc) from None
     for directory, mode, mtime in reversed(dirs):
@@ -372,26 +529,38 @@ def rewrite(
     Member order and metadata stay, so the same input gives the same bytes.
     """
     by_name = {m.info.name: m for m in members}
+    seen = 0
     try:
-        with open_tarball(path) as src, compressed(out, compression) as stream, tarfile.open(
-            fileobj=stream, mode="w", format=tarfile.GNU_FORMAT
-        ) as dst:
+        with open_tarball(path) as (src, source), compressed(
+            out, compression
+        ) as stream, tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as dst:
             for info in src:
                 member = by_name.get(info.name)
                 if member is None:
                     if info.name.strip("./") == "":
                         dst.addfile(info)
                     continue
+                seen += 1
                 if member.kind == "file":
                     if member.name in replace:
                         new = _copy_info(info)
                         data = replace[member.name]
                         new.size = len(data)
                         dst.addfile(new, io.BytesIO(data))
+                    elif info.issparse():
+                        # tarfile writes a sparse header without its map: the data
+                        # would be lost.  The holes are packed as the zeros they read as.
+                        new = _copy_info(info)
+                        new.type, new.size = tarfile.REGTYPE, info.size
+                        dst.addfile(new, src.extractfile(info))
                     else:
                         dst.addfile(info, src.extractfile(info))
                 else:
                     dst.addfile(info)
+            _all_seen(seen, members)
+            read_to_end(path, src, source)
+    except Damaged as exc:
+        raise damaged(path, exc) from None
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise read_error(path, exc) from None
 
