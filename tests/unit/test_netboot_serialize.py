@@ -1073,7 +1073,21 @@ def real_tarball(tmp_path: Path, suffix: str, name: str = "netboot") -> Path:
     for member, size in (("linux", 300_000), ("initrd.gz", 600_000)):
         (tree / "debian-installer/amd64" / member).write_bytes(rng.randbytes(size))
     plain = subprocess.run(
-        ["tar", "-C", tree, "--sort=name", "-cf", "-", "."], check=True, capture_output=True
+        [
+            "tar",
+            "-C",
+            tree,
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "-cf",
+            "-",
+            ".",
+        ],
+        check=True,
+        capture_output=True,
     ).stdout
     path = tmp_path / f"{name}{suffix}"
     path.write_bytes(COMPRESSORS[suffix](plain))
@@ -1110,7 +1124,11 @@ def test_bit_flip_in_compressed_tarball_is_refused(capsys, tmp_path, suffix, whe
     data = bytearray(path.read_bytes())
     data[int(len(data) * where)] ^= 0x10
     path.write_bytes(bytes(data))
-    assert gnu_tar_lists(path) is not True
+    if where < 0.99:
+        # Near the end the flip may land in what follows tar's end-of-archive marker,
+        # which GNU tar never decompresses (it stops at the marker and exits 0): the
+        # very damage it cannot see, and this tool must.
+        assert gnu_tar_lists(path) is not True
     assert_refused_everywhere(capsys, tmp_path, path, "damaged tarball")
 
 
