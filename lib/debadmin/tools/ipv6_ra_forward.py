@@ -671,9 +671,8 @@ def sysctl_step(
     )
 
 
-def dropin_step(root: Path, text: Optional[str]) -> Step:
-    """Write the drop-in, or remove it when text is None; the undo puts back what was there."""
-    path = root / DROPIN
+def restorer(path: Path) -> Callable[[], None]:
+    """An undo that puts path back as it is now: its bytes, or no file at all."""
     try:
         old: Optional[bytes] = path.read_bytes()
     except FileNotFoundError:
@@ -687,6 +686,13 @@ def dropin_step(root: Path, text: Optional[str]) -> Step:
         else:
             fsutil.atomic_write(path, old)
 
+    return restore
+
+
+def dropin_step(root: Path, text: Optional[str]) -> Step:
+    """Write the drop-in, or remove it when text is None; the undo puts back what was there."""
+    path = root / DROPIN
+    restore = restorer(path)
     if text is None:
         return Step(f"remove {path}", lambda: fsutil.remove_file(path), restore)
     return Step(f"write {path}", lambda: fsutil.atomic_write(path, text), restore)
@@ -790,22 +796,11 @@ def networkd_native_step(root: Path, owner: owners.Owner, ifname: str) -> Option
     if native:
         return None
     content = f"# Written by ipv6-ra-forward enable --networkd; removed by disable.\n{text}"
-    try:
-        old: Optional[bytes] = dropin.read_bytes()
-    except FileNotFoundError:
-        old = None
-    except OSError as exc:
-        raise Error(f"cannot read {dropin}: {exc.strerror}") from None
+    restore = restorer(dropin)
 
     def write() -> None:
         dropin.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         fsutil.atomic_write(dropin, content)
-
-    def restore() -> None:
-        if old is None:
-            fsutil.remove_file(dropin)
-        else:
-            fsutil.atomic_write(dropin, old)
 
     return Step(f"write {dropin} ({ifname}: networkd's own configuration)", write, restore)
 
