@@ -249,6 +249,100 @@ def test_walk_skips_hard_links_and_foreign_owners(tmp_path):
         os.close(fd)
 
 
+def walked(top, uids, open_files):
+    """What walk yields (path, fd open, read ACL attribute) and skips, by path."""
+    fd = os.open(top, W.O_DIR)
+    skips, seen = [], []
+    try:
+        for node in W.walk(fd, str(top), uids, skips, open_files=open_files):
+            seen.append((node.path, node.st.st_ino, node.raw()[0]))
+            seen += [(f"{node.path}/{n}", st.st_ino, acl) for n, st, acl in node.files]
+    finally:
+        os.close(fd)
+    return sorted(seen), sorted((s.path, s.code, s.action) for s in skips)
+
+
+@needs_acl_tools
+def test_walk_by_name_reads_what_the_open_walk_reads(tmp_path):
+    """check's walk (files read by name in their open directory, never opened) yields
+    the same files, ACL attributes and skips as the walk that opens every file, and puts
+    the working directory back."""
+    top = tmp_path / "top"
+    (top / "m").mkdir(parents=True)
+    (top / "m/acl.journal").write_text("a")
+    (top / "m/plain.journal").write_text("p")
+    (top / "m/linked.journal").write_text("l")
+    os.link(top / "m/linked.journal", tmp_path / "elsewhere")
+    (top / "m/link.journal").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(top / "m/fifo")
+    subprocess.run(["setfacl", "-m", "g:4:r", str(top / "m/acl.journal")], check=True)
+    subprocess.run(["setfacl", "-m", "d:g:4:rx", str(top / "m")], check=True)
+    cwd = os.getcwd()
+    for uids in ({os.geteuid()}, {os.geteuid() + 1}):
+        by_name = walked(top, uids, open_files=False)
+        assert by_name == walked(top, uids, open_files=True)
+        assert os.getcwd() == cwd
+    fd = os.open(top, W.O_DIR)
+    try:  # files come in their directory's node, never on their own
+        nodes = list(W.walk(fd, str(top), {os.geteuid()}, [], open_files=False))
+        assert [n.is_dir for n in nodes] == [True, True] and len(nodes[1].files) == 2
+    finally:
+        os.close(fd)
+    paths, skips = walked(top, {os.geteuid()}, open_files=False)
+    assert [p for p, _, _ in paths] == [
+        str(top / n) for n in ("", "m", "m/acl.journal", "m/plain.journal")
+    ]
+    assert W.parse(paths[2][2])[(G, 4)] == W.R and paths[3][2] == b""
+    assert [(p[len(str(top)) :], code) for p, code, _ in skips] == [
+        ("/m/fifo", "skipped-type"),
+        ("/m/link.journal", "ignored-symlink"),
+        ("/m/linked.journal", "skipped-hardlink"),
+    ]
+
+
+def test_walk_by_name_opens_files_where_it_cannot_change_directory(tmp_path, monkeypatch):
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "system.journal").write_text("s")
+    expected = walked(top, {os.geteuid()}, open_files=True)
+
+    def refuse(fd):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "chdir", refuse)
+    assert walked(top, {os.geteuid()}, open_files=False) == expected
+
+
+def test_walk_by_name_reports_a_file_swapped_for_a_symlink(tmp_path, monkeypatch):
+    """A name read as a regular file and a symlink by the time it is read is not
+    followed: its target's ACL is never read, and check needs action."""
+    top = tmp_path / "top"
+    top.mkdir()
+    (tmp_path / "secret.journal").write_text("s")
+    (top / "system.journal").symlink_to(tmp_path / "secret.journal")
+    monkeypatch.setattr(W, "_kind", lambda entry: "file")  # as if read before the swap
+    assert walked(top, {os.geteuid()}, open_files=False) == (
+        [(str(top), top.stat().st_ino, b"")],
+        [(str(top / "system.journal"), "changed-while-reading", True)],
+    )
+
+
+@needs_acl_tools
+def test_parse_reads_the_kernel_attribute_as_libacl_does(tmp_path):
+    path = tmp_path / "d"
+    path.mkdir()
+    subprocess.run(
+        ["setfacl", "-m", "u:1234:rwx,g:4:r-x,g:50:r,m::rx,o::-,d:g:4:rx", str(path)], check=True
+    )
+    for attribute, kind in ((W.ACCESS_XATTR, "file"), (W.DEFAULT_XATTR, "filedef")):
+        data = os.getxattr(path, attribute)
+        assert W.parse(data) == W.entries(W.posix1e.ACL(**{kind: str(path)}))
+    assert W.parse(b"") is None
+    for damaged in (data[:-1], b"\x01\x00\x00\x00" + data[4:], data[:4] + b"\x40" + data[5:]):
+        with pytest.raises(W.AclError):
+            W.parse(damaged)
+
+
 @needs_acl_tools
 def test_apply_dry_run_changes_nothing(tmp_path, capsys):
     root = make_root(tmp_path)
