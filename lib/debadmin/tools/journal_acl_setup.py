@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import errno
 import grp
-import logging
 import os
 import re
 import pwd
@@ -20,7 +19,22 @@ from debadmin.findings import finding, needs_action, text_lines
 from debadmin.tools import journal_acl_setup_walk as walker
 
 PROG = "journal-acl-setup"
-log = logging.getLogger("debadmin")
+
+
+class _Log:
+    """The "debadmin" logger, imported when a message is to be shown: check and a no-op
+    apply log nothing (or below the level), and skip logging's start-up cost."""
+
+    LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+    def __getattr__(self, name: str) -> Any:
+        level = self.LEVELS.get(name)
+        if level is not None and not cli.enabled(level):
+            return lambda *args, **kwargs: None
+        return getattr(cli.logger(), name)
+
+
+log = _Log()
 
 JOURNAL_DIR = "var/log/journal"
 DEFAULTS_FILE = "etc/default/journal-acl-setup"
@@ -817,12 +831,20 @@ def preflight(state: State) -> None:
 
 
 def tmpfiles(root: Path, *extra: str) -> None:
-    from debadmin import proc  # subprocess: imported only when a command runs
-
+    proc = run_commands()
     argv = ["systemd-tmpfiles", "--create", "--prefix=/var/log/journal"]
     if root != Path("/"):
         argv.append(f"--root={root}")
     proc.run(argv + list(extra))
+
+
+def run_commands() -> Any:
+    """debadmin.proc, imported only when a command runs (subprocess), and logging set up
+    first, for its messages."""
+    cli.logger()
+    from debadmin import proc
+
+    return proc
 
 
 def fix_ownership(journal: Path, jgid: int) -> None:
@@ -980,8 +1002,7 @@ def flush(root: Path, dry_run: bool, say: Callable[[str], None]) -> None:
     if dry_run:
         say("would run journalctl --flush")
         return
-    from debadmin import proc
-
+    proc = run_commands()
     proc.run(["journalctl", "--flush"])
     say("done: run journalctl --flush")
 
