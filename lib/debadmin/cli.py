@@ -1,15 +1,18 @@
 """The command-line contract every tool shares: parser setup, logging, errors to exit codes."""
 
+from __future__ import annotations  # annotations stay text: typing is never imported
+
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
 
 from debadmin import __version__
 from debadmin.errors import EXIT_ERROR, Error
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     import logging
+    from typing import Callable, Optional, Sequence, Tuple
 
 # logging's ERROR, WARNING and DEBUG for -q, neither, -v.  run() sets logging up without
 # importing it when the tool has not imported it: logging and what it pulls in are ~6 ms

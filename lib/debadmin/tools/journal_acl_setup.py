@@ -1,6 +1,6 @@
 """journal-acl-setup: a persistent systemd journal that the admin groups can read."""
 
-from __future__ import annotations  # annotations stay text: no typing work at start-up
+from __future__ import annotations  # annotations stay text: typing is never imported
 
 import argparse
 import contextlib
@@ -11,12 +11,18 @@ import re
 import pwd
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from debadmin import cli, fsutil, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.tools import journal_acl_setup_walk as walker
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (~2.5 ms of a check)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+    Finding = Dict[str, Any]
+    Step = Tuple[str, Callable[[], object]]  # what to print, what to do
 
 PROG = "journal-acl-setup"
 
@@ -170,7 +176,6 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
 
 # --- state -----------------------------------------------------------------------------------
 
-Finding = Dict[str, Any]
 # What apply can fix; any other finding of severity action stays for the admin.
 FIXABLE = {
     "journal-missing",
@@ -753,8 +758,6 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
 
 
 # --- apply / revert -----------------------------------------------------------------------------
-
-Step = Tuple[str, Callable[[], object]]  # what to print, what to do
 
 
 def systemd_running(root: Path) -> bool:

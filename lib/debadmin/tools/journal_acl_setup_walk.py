@@ -27,15 +27,20 @@ nothing its owner could not show without one.  Writes stay on descriptors: apply
 revert walk with the files open.
 """
 
-from __future__ import annotations  # annotations stay text: no typing work at start-up
+from __future__ import annotations  # annotations stay text: typing is never imported
 
 import errno
 import os
 import stat
 import struct
-from typing import Dict, Iterator, List, Optional, Set, Tuple
-
 import posix1e
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+    Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
+    FileRead = Tuple[str, os.stat_result, bytes]  # a file read by name: name, lstat, access ACL
 
 USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
     posix1e.ACL_USER_OBJ,
@@ -57,9 +62,6 @@ O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 32
 NO_MOUNT = (-1, None)  # _refused's mount argument for a file: only directories are tested
-
-Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
-FileRead = Tuple[str, os.stat_result, bytes]  # a file read by name: name, lstat, access ACL
 
 
 class AclError(Exception):
