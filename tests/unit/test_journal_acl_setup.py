@@ -256,7 +256,10 @@ def walked(top, uids, open_files):
     try:
         for node in W.walk(fd, str(top), uids, skips, open_files=open_files):
             seen.append((node.path, node.st.st_ino, node.raw()[0]))
-            seen += [(f"{node.path}/{n}", st.st_ino, acl) for n, st, acl in node.files]
+            seen += [
+                (f"{node.path}/{n}", os.stat(f"{node.path}/{n}").st_ino, acl)
+                for n, _, _, acl in node.files
+            ]
     finally:
         os.close(fd)
     return sorted(seen), sorted((s.path, s.code, s.action) for s in skips)

@@ -469,24 +469,19 @@ def scan(
     verdicts: Dict[tuple, Tuple[List[str], List[str]]] = {}
     want_dir, want_file = walker.R | walker.X, walker.R
 
-    def judge(raw: Tuple[bytes, bytes], st: os.stat_result, is_dir: bool):
-        key = (raw, st.st_mode & 0o777, st.st_gid, is_dir)
+    def judge(raw: Tuple[bytes, bytes], mode: int, gid: int, is_dir: bool):
+        key = (raw, mode & 0o777, gid, is_dir)
         verdict = verdicts.get(key)
         if verdict is None:
-            entries = walker.parse(raw[0]) or walker.from_mode(st.st_mode)
+            entries = walker.parse(raw[0]) or walker.from_mode(mode)
             defaults = walker.parse(raw[1])
             want = want_dir if is_dir else want_file
             verdict = verdicts[key] = (
+                [n for n, g in groups.items() if not walker.group_can(entries, gid, g, want)],
                 [
                     n
                     for n, g in groups.items()
-                    if not walker.group_can(entries, st.st_gid, g, want)
-                ],
-                [
-                    n
-                    for n, g in groups.items()
-                    if is_dir
-                    and not walker.group_can(defaults, st.st_gid, g, want_dir, default=True)
+                    if is_dir and not walker.group_can(defaults, gid, g, want_dir, default=True)
                 ],
             )
         return verdict
@@ -498,7 +493,8 @@ def scan(
     for node in walker.walk(fd, str(journal), uids, skips, open_files=False):
         count += 1
         try:
-            cannot_read, no_inherit = judge(node.raw(), node.st, node.is_dir)
+            st = node.st
+            cannot_read, no_inherit = judge(node.raw(), st.st_mode, st.st_gid, node.is_dir)
         except walker.AclError as exc:
             unreadable_acl(node.path, exc)
         else:
@@ -509,11 +505,11 @@ def scan(
         # The files read by name in this directory: thousands, a few distinct keys.
         count += len(node.files)
         prefix = node.path + "/"
-        for name, st, access in node.files:
-            verdict = verdicts.get(((access, b""), st.st_mode & 0o777, st.st_gid, False))
+        for name, mode, gid, access in node.files:
+            verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
             if verdict is None:
                 try:
-                    verdict = judge((access, b""), st, False)
+                    verdict = judge((access, b""), mode, gid, False)
                 except walker.AclError as exc:
                     unreadable_acl(prefix + name, exc)
                     continue

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from typing import Dict, Iterator, List, Optional, Set, Tuple
 
     Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
-    FileRead = Tuple[str, os.stat_result, bytes]  # a file read by name: name, lstat, access ACL
+    FileRead = Tuple[str, int, int, bytes]  # a file read by name: name, mode, gid, access ACL
 
 USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
     posix1e.ACL_USER_OBJ,
@@ -177,7 +177,9 @@ class Node:
     """A directory or regular file under the journal, open as fd while it is visited.
 
     files: for a directory walked with open_files false, its regular files, read by
-    name and not yielded on their own, as (name, stat, access ACL attribute) tuples.
+    name and not yielded on their own, as (name, st_mode, st_gid, access ACL attribute)
+    tuples: what check judges them by (the stat itself is let go at once, thousands of
+    them kept would be a few megabytes to allocate and fault in).
     """
 
     __slots__ = ("path", "fd", "st", "is_dir", "files")
@@ -450,20 +452,23 @@ def _files_by_name(
                     continue
             try:
                 # lgetxattr, relative to the working directory: top_fd's inode.
-                append((name, st, os.getxattr(name, ACCESS_XATTR, follow_symlinks=False)))
+                access = os.getxattr(name, ACCESS_XATTR, follow_symlinks=False)
             except OSError as exc:
                 if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP):
-                    append((name, st, b""))
-                elif exc.errno != errno.ENOENT:
-                    path = f"{top_path}/{name}"
-                    skips.append(
-                        Skip(
-                            "unreadable-acl",
-                            path,
-                            f"{shown(path)}: cannot read the ACL: {exc.strerror}",
-                            action=True,
+                    access = b""
+                else:
+                    if exc.errno != errno.ENOENT:  # gone: passed over, as vanished files are
+                        path = f"{top_path}/{name}"
+                        skips.append(
+                            Skip(
+                                "unreadable-acl",
+                                path,
+                                f"{shown(path)}: cannot read the ACL: {exc.strerror}",
+                                action=True,
+                            )
                         )
-                    )
+                    continue
+            append((name, st.st_mode, st.st_gid, access))
     finally:
         os.chdir(here)
     return read
