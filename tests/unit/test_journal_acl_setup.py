@@ -1,5 +1,6 @@
 """Unit tests for journal-acl-setup: parsers, the ACL rule, config, and apply on a tree."""
 
+import gc
 import grp
 import json
 import os
@@ -347,10 +348,12 @@ def test_parse_reads_the_kernel_attribute_as_libacl_does(tmp_path):
 
 
 START_UP_PROBE = """
-import sys
+import gc, sys
 from debadmin.tools import journal_acl_setup
-rc = journal_acl_setup.main(sys.argv[1:])
+sys.argv[0] = "journal-acl-setup"
+rc = journal_acl_setup.main()  # as bin/journal-acl-setup calls it
 print("imported:", *(m for m in ("logging", "typing") if m in sys.modules), file=sys.stderr)
+print("frozen:", gc.get_freeze_count() > 0, file=sys.stderr)
 sys.exit(rc)
 """
 
@@ -358,7 +361,8 @@ sys.exit(rc)
 def test_start_up_imports_neither_logging_nor_typing(tmp_path):
     """check and a quiet apply never import logging or typing (start-up time, the bench's
     2x getfacl target); a message that is shown (-v) still comes through logging, set up
-    as the command line said."""
+    as the command line said.  Run as the command, main() freezes what is left for the
+    interpreter's exit."""
     root = make_root(tmp_path)
     lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jas.__file__))))
 
@@ -371,14 +375,17 @@ def test_start_up_imports_neither_logging_nor_typing(tmp_path):
         )
 
     check = probe("check")
-    assert (check.returncode, check.stderr) == (1, "imported:\n"), check.stderr
+    assert (check.returncode, check.stderr) == (1, "imported:\nfrozen: True\n"), check.stderr
     quiet = probe("apply", "--dry-run")
-    assert (quiet.returncode, quiet.stderr) == (0, "imported:\n"), quiet.stderr
+    assert (quiet.returncode, quiet.stderr) == (0, "imported:\nfrozen: True\n"), quiet.stderr
     verbose = probe("apply", "--dry-run", "-v")
     assert verbose.returncode == 0 and verbose.stderr == (
         "journal-acl-setup: systemd is not running here: journald not asked to flush\n"
-        "imported: logging\n"
+        "imported: logging\nfrozen: True\n"
     )
+    # Called with arguments (tests, the completion generator), nothing is frozen.
+    assert jas.main(["check", "--root", str(root), "-g", "adm"]) == 1
+    assert gc.get_freeze_count() == 0
 
 
 @needs_acl_tools

@@ -5,6 +5,7 @@ from __future__ import annotations  # annotations stay text: typing is never imp
 import argparse
 import contextlib
 import errno
+import gc
 import grp
 import os
 import re
@@ -1153,4 +1154,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return cli.run(PROG, build_parser(), argv)
+    code = cli.run(PROG, build_parser(), argv)
+    if argv is None:
+        # Called by bin/journal-acl-setup, the process ends next: what is left is not
+        # garbage, and freezing it spares the interpreter's final collection, a pass over
+        # every object the imports made (~3 ms of a 55 ms check of 5,000 files).
+        gc.freeze()
+    return code
