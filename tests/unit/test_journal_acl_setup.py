@@ -317,6 +317,34 @@ def test_walk_by_name_opens_files_where_it_cannot_change_directory(tmp_path, mon
     assert walked(top, {os.geteuid()}, open_files=False) == expected
 
 
+@needs_acl_tools
+def test_walk_by_name_reads_through_the_magic_link_without_a_way_back(tmp_path, monkeypatch):
+    """Started in a directory it cannot search (no O_PATH of "."), check still reads
+    files by name, through /proc/self/fd/N/NAME: its verdict does not depend on where
+    it was started (a user cannot open a 0640 journal file, but can read its ACL)."""
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "system.journal").write_text("s")
+    subprocess.run(["setfacl", "-m", "g:4:r", str(top / "system.journal")], check=True)
+    expected = walked(top, {os.geteuid()}, open_files=False)
+    real_open = os.open
+
+    def no_dot(path, flags, *args, **kwargs):
+        if path == ".":
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_dot)
+    monkeypatch.setattr(os, "chdir", lambda fd: pytest.fail("chdir without a way back"))
+    assert walked(top, {os.geteuid()}, open_files=False) == expected
+    fd = real_open(top, W.O_DIR)
+    try:
+        (node,) = W.walk(fd, str(top), {os.geteuid()}, [], open_files=False)
+        assert [name for name, *_ in node.files] == ["system.journal"]
+    finally:
+        os.close(fd)
+
+
 def test_walk_by_name_reports_a_file_swapped_for_a_symlink(tmp_path, monkeypatch):
     """A name read as a regular file and a symlink by the time it is read is not
     followed: its target's ACL is never read, and check needs action."""

@@ -62,6 +62,7 @@ O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 32
 NO_MOUNT = (-1, None)  # _refused's mount argument for a file: only directories are tested
+OPEN_FILES = -1  # _walk's here for a walk that opens every file (apply, revert)
 
 
 class AclError(Exception):
@@ -330,13 +331,15 @@ def walk(
     yielded on their own: each directory's node carries them in node.files, read by name
     in the open directory (see the module's docstring), under the same rules.  The
     process's working directory is that directory while its files are read (never while
-    a node is yielded), and is back where it was before anything is yielded; where it
-    cannot be moved, files are opened and yielded as with open_files.
+    a node is yielded), and is back where it was before anything is yielded.  Where the
+    way back is unknown (a user's check started in a directory it cannot search), names
+    are read through the directory's magic link instead; where neither works, files are
+    opened and yielded as with open_files.
     """
     st = os.fstat(top_fd)
     mount = (st.st_dev, mount_id(top_fd))
     if open_files:
-        return _walk(top_fd, top_path, st, allowed_uids, skips, 0, mount, None)
+        return _walk(top_fd, top_path, st, allowed_uids, skips, 0, mount, OPEN_FILES)
     return _walk_by_name(top_fd, top_path, st, allowed_uids, skips, mount)
 
 
@@ -351,7 +354,10 @@ def _walk_by_name(
     try:
         here: Optional[int] = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        here = None  # no way back to the working directory: files are opened instead
+        # No way back to the working directory (a user's check started in a directory
+        # it cannot search): names are read through the directory's magic link instead,
+        # so the verdict does not depend on where the tool was started.
+        here = None
     try:
         yield from _walk(top_fd, top_path, top_st, allowed_uids, skips, 0, mount, here)
     finally:
@@ -414,20 +420,28 @@ def _files_by_name(
     names: List[str],
     allowed_uids: Set[int],
     skips: List[Skip],
-    here: int,
+    here: Optional[int],
 ) -> Optional[List[FileRead]]:
     """The regular files names of the directory open as top_fd, read without opening
-    them; None where the working directory cannot be moved there (open them instead).
+    them, relative to the working directory moved there, or where the way back to it
+    (here) is unknown, through the directory's magic link; None where neither works
+    (open them instead).
 
     One loop, no call per file but the two system calls: the walk's cost on a journal.
     """
     read: List[FileRead] = []
     append = read.append
     top_uid = top_st.st_uid
-    try:
-        os.chdir(top_fd)
-    except OSError:
-        return None
+    prefix = ""
+    if here is None:
+        if not magic_links_work(top_fd):
+            return None
+        prefix = magic_link(top_fd) + "/"  # the lookup starts at top_fd's inode
+    else:
+        try:
+            os.chdir(top_fd)
+        except OSError:
+            return None
     try:
         for name in names:
             try:
@@ -451,8 +465,9 @@ def _files_by_name(
                     skips.append(skip)
                     continue
             try:
-                # lgetxattr, relative to the working directory: top_fd's inode.
-                access = os.getxattr(name, ACCESS_XATTR, follow_symlinks=False)
+                # lgetxattr, relative to the working directory or the magic link:
+                # either way the lookup starts at top_fd's inode.
+                access = os.getxattr(prefix + name, ACCESS_XATTR, follow_symlinks=False)
             except OSError as exc:
                 if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP):
                     access = b""
@@ -470,7 +485,8 @@ def _files_by_name(
                     continue
             append((name, st.st_mode, st.st_gid, access))
     finally:
-        os.chdir(here)
+        if here is not None:
+            os.chdir(here)
     return read
 
 
@@ -503,7 +519,7 @@ def _walk(
         yield node
         return
     by_name = False
-    if here is not None:
+    if here != OPEN_FILES:
         files = [name for name, kind in entries if kind == "file"]
         read = _files_by_name(top_fd, top_path, top_st, files, allowed_uids, skips, here)
         if read is not None:
