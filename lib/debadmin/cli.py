@@ -1,15 +1,45 @@
 """The command-line contract every tool shares: parser setup, logging, errors to exit codes."""
 
+from __future__ import annotations  # annotations stay text: typing is never imported
+
 import argparse
-import logging
 import os
 import sys
-from typing import Callable, Optional, Sequence
 
 from debadmin import __version__
 from debadmin.errors import EXIT_ERROR, Error
 
-log = logging.getLogger("debadmin")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    import logging
+    from typing import Callable, Optional, Sequence, Tuple
+
+# logging's ERROR, WARNING and DEBUG for -q, neither, -v.  run() sets logging up without
+# importing it when the tool has not imported it: logging and what it pulls in are ~6 ms
+# of start-up, which a tool that logs nothing on its common path need not pay.
+LEVELS = {-1: 40, 0: 30, 1: 10}
+_pending: Optional[Tuple[str, int]] = None  # (prog, level) until logging is set up
+
+
+def logger() -> "logging.Logger":
+    """The "debadmin" logger, set up as run() was asked to: for a tool that imports
+    logging only once it has something to log."""
+    import logging
+
+    global _pending
+    if _pending is not None:
+        prog, level = _pending
+        _pending = None
+        logging.basicConfig(level=level, format=f"{prog}: %(message)s", stream=sys.stderr)
+    return logging.getLogger("debadmin")
+
+
+def enabled(level: int) -> bool:
+    """Whether a message at level (logging.INFO...) would be shown; without importing
+    logging while nothing has (run()'s level is then the only setting)."""
+    if _pending is not None and "logging" not in sys.modules:
+        return level >= _pending[1]
+    return logger().isEnabledFor(level)
 
 
 def new_parser(
@@ -68,9 +98,10 @@ def run(
             return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
     except BrokenPipeError:
         return _stdout_gone()
-    verbosity = getattr(args, "verbosity", 0)
-    level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.DEBUG}[verbosity]
-    logging.basicConfig(level=level, format=f"{prog}: %(message)s", stream=sys.stderr)
+    global _pending
+    _pending = (prog, LEVELS[getattr(args, "verbosity", 0)])
+    if "logging" in sys.modules or _pending[1] < LEVELS[0]:  # the tool logs, or -v
+        logger()
     target = func or args.func
     try:
         code = int(target(args))

@@ -13,7 +13,12 @@ report carries them as a top-level ``findings`` list; the exit code is 1 when an
 severity ``action``.
 """
 
-from typing import Any, Dict, Iterable, List, Optional
+from __future__ import annotations  # annotations stay text: typing is never imported
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional
+
 
 SEVERITIES = ("action", "warning", "info")
 

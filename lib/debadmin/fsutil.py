@@ -1,13 +1,18 @@
 """Atomic file writes and advisory locks."""
 
+from __future__ import annotations  # annotations stay text: typing is never imported
+
 import contextlib
 import fcntl
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, Union
 
 from debadmin.errors import Error
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import BinaryIO, Iterator, Optional, Union
 
 
 def fsync_path(path: Path, flags: int = 0) -> None:

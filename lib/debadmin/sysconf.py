@@ -1,10 +1,15 @@
 """Reading system configuration: /etc/default files and systemd-style drop-in directories."""
 
+from __future__ import annotations  # annotations stay text: typing is never imported
+
 import shlex
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
 
 from debadmin.errors import Error
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, List, Optional, Tuple
 
 
 def read_default(

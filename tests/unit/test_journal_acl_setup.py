@@ -1,5 +1,6 @@
 """Unit tests for journal-acl-setup: parsers, the ACL rule, config, and apply on a tree."""
 
+import gc
 import grp
 import json
 import os
@@ -247,6 +248,172 @@ def test_walk_skips_hard_links_and_foreign_owners(tmp_path):
         assert [s.code for s in skips] == ["skipped-owner", "skipped-owner"]
     finally:
         os.close(fd)
+
+
+def walked(top, uids, open_files):
+    """What walk yields (path, fd open, read ACL attribute) and skips, by path."""
+    fd = os.open(top, W.O_DIR)
+    skips, seen = [], []
+    try:
+        for node in W.walk(fd, str(top), uids, skips, open_files=open_files):
+            seen.append((node.path, node.st.st_ino, node.raw()[0]))
+            seen += [
+                (f"{node.path}/{n}", os.stat(f"{node.path}/{n}").st_ino, acl)
+                for n, _, _, acl in node.files
+            ]
+    finally:
+        os.close(fd)
+    return sorted(seen), sorted((s.path, s.code, s.action) for s in skips)
+
+
+@needs_acl_tools
+def test_walk_by_name_reads_what_the_open_walk_reads(tmp_path):
+    """check's walk (files read by name in their open directory, never opened) yields
+    the same files, ACL attributes and skips as the walk that opens every file, and puts
+    the working directory back."""
+    top = tmp_path / "top"
+    (top / "m").mkdir(parents=True)
+    (top / "m/acl.journal").write_text("a")
+    (top / "m/plain.journal").write_text("p")
+    (top / "m/linked.journal").write_text("l")
+    os.link(top / "m/linked.journal", tmp_path / "elsewhere")
+    (top / "m/link.journal").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(top / "m/fifo")
+    subprocess.run(["setfacl", "-m", "g:4:r", str(top / "m/acl.journal")], check=True)
+    subprocess.run(["setfacl", "-m", "d:g:4:rx", str(top / "m")], check=True)
+    cwd = os.getcwd()
+    for uids in ({os.geteuid()}, {os.geteuid() + 1}):
+        by_name = walked(top, uids, open_files=False)
+        assert by_name == walked(top, uids, open_files=True)
+        assert os.getcwd() == cwd
+    fd = os.open(top, W.O_DIR)
+    try:  # files come in their directory's node, never on their own
+        nodes = list(W.walk(fd, str(top), {os.geteuid()}, [], open_files=False))
+        assert [n.is_dir for n in nodes] == [True, True] and len(nodes[1].files) == 2
+    finally:
+        os.close(fd)
+    paths, skips = walked(top, {os.geteuid()}, open_files=False)
+    assert [p for p, _, _ in paths] == [
+        str(top / n) for n in ("", "m", "m/acl.journal", "m/plain.journal")
+    ]
+    assert W.parse(paths[2][2])[(G, 4)] == W.R and paths[3][2] == b""
+    assert [(p[len(str(top)) :], code) for p, code, _ in skips] == [
+        ("/m/fifo", "skipped-type"),
+        ("/m/link.journal", "ignored-symlink"),
+        ("/m/linked.journal", "skipped-hardlink"),
+    ]
+
+
+def test_walk_by_name_opens_files_where_it_cannot_change_directory(tmp_path, monkeypatch):
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "system.journal").write_text("s")
+    expected = walked(top, {os.geteuid()}, open_files=True)
+
+    def refuse(fd):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "chdir", refuse)
+    assert walked(top, {os.geteuid()}, open_files=False) == expected
+
+
+@needs_acl_tools
+def test_walk_by_name_reads_through_the_magic_link_without_a_way_back(tmp_path, monkeypatch):
+    """Started in a directory it cannot search (no O_PATH of "."), check still reads
+    files by name, through /proc/self/fd/N/NAME: its verdict does not depend on where
+    it was started (a user cannot open a 0640 journal file, but can read its ACL)."""
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "system.journal").write_text("s")
+    subprocess.run(["setfacl", "-m", "g:4:r", str(top / "system.journal")], check=True)
+    expected = walked(top, {os.geteuid()}, open_files=False)
+    real_open = os.open
+
+    def no_dot(path, flags, *args, **kwargs):
+        if path == ".":
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_dot)
+    monkeypatch.setattr(os, "chdir", lambda fd: pytest.fail("chdir without a way back"))
+    assert walked(top, {os.geteuid()}, open_files=False) == expected
+    fd = real_open(top, W.O_DIR)
+    try:
+        (node,) = W.walk(fd, str(top), {os.geteuid()}, [], open_files=False)
+        assert [name for name, *_ in node.files] == ["system.journal"]
+    finally:
+        os.close(fd)
+
+
+def test_walk_by_name_reports_a_file_swapped_for_a_symlink(tmp_path, monkeypatch):
+    """A name read as a regular file and a symlink by the time it is read is not
+    followed: its target's ACL is never read, and check needs action."""
+    top = tmp_path / "top"
+    top.mkdir()
+    (tmp_path / "secret.journal").write_text("s")
+    (top / "system.journal").symlink_to(tmp_path / "secret.journal")
+    monkeypatch.setattr(W, "_kind", lambda entry: "file")  # as if read before the swap
+    assert walked(top, {os.geteuid()}, open_files=False) == (
+        [(str(top), top.stat().st_ino, b"")],
+        [(str(top / "system.journal"), "changed-while-reading", True)],
+    )
+
+
+@needs_acl_tools
+def test_parse_reads_the_kernel_attribute_as_libacl_does(tmp_path):
+    path = tmp_path / "d"
+    path.mkdir()
+    subprocess.run(
+        ["setfacl", "-m", "u:1234:rwx,g:4:r-x,g:50:r,m::rx,o::-,d:g:4:rx", str(path)], check=True
+    )
+    for attribute, kind in ((W.ACCESS_XATTR, "file"), (W.DEFAULT_XATTR, "filedef")):
+        data = os.getxattr(path, attribute)
+        assert W.parse(data) == W.entries(W.posix1e.ACL(**{kind: str(path)}))
+    assert W.parse(b"") is None
+    for damaged in (data[:-1], b"\x01\x00\x00\x00" + data[4:], data[:4] + b"\x40" + data[5:]):
+        with pytest.raises(W.AclError):
+            W.parse(damaged)
+
+
+START_UP_PROBE = """
+import gc, sys
+from debadmin.tools import journal_acl_setup
+sys.argv[0] = "journal-acl-setup"
+rc = journal_acl_setup.main()  # as bin/journal-acl-setup calls it
+print("imported:", *(m for m in ("logging", "typing") if m in sys.modules), file=sys.stderr)
+print("frozen:", gc.get_freeze_count() > 0, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def test_start_up_imports_neither_logging_nor_typing(tmp_path):
+    """check and a quiet apply never import logging or typing (start-up time, the bench's
+    2x getfacl target); a message that is shown (-v) still comes through logging, set up
+    as the command line said.  Run as the command, main() freezes what is left for the
+    interpreter's exit."""
+    root = make_root(tmp_path)
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jas.__file__))))
+
+    def probe(*argv):
+        return subprocess.run(
+            [sys.executable, "-c", START_UP_PROBE, *argv, "--root", str(root), "-g", "adm"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=lib, LC_ALL="C.UTF-8"),
+        )
+
+    check = probe("check")
+    assert (check.returncode, check.stderr) == (1, "imported:\nfrozen: True\n"), check.stderr
+    quiet = probe("apply", "--dry-run")
+    assert (quiet.returncode, quiet.stderr) == (0, "imported:\nfrozen: True\n"), quiet.stderr
+    verbose = probe("apply", "--dry-run", "-v")
+    assert verbose.returncode == 0 and verbose.stderr == (
+        "journal-acl-setup: systemd is not running here: journald not asked to flush\n"
+        "imported: logging\nfrozen: True\n"
+    )
+    # Called with arguments (tests, the completion generator), nothing is frozen.
+    assert jas.main(["check", "--root", str(root), "-g", "adm"]) == 1
+    assert gc.get_freeze_count() == 0
 
 
 @needs_acl_tools

@@ -13,16 +13,34 @@ applyto(path, ACL_TYPE_DEFAULT)) take a path only, and the kernel resolves that 
 the open inode itself, with no name lookup an attacker could redirect.  applyto(fd,
 ACL_TYPE_DEFAULT) is no way round it: pylibacl 0.7 ignores the type for a descriptor and
 sets the access ACL instead.
+
+check reads regular files without opening them (walk(..., open_files=False)): an
+fstatat on the directory's descriptor (AT_SYMLINK_NOFOLLOW) and an lgetxattr of the bare
+name with the process's working directory set to that descriptor (fchdir).  Neither
+call follows the last component, and the name cannot lead out of the directory that
+was opened: the lookup starts at its inode, wherever it has been moved since.  Two calls
+instead of open, fstat, fgetxattr and close.  The stat and the ACL may then belong to
+two inodes that held the name one after the other; only the directory's owner can
+rename there, and below a directory that is not root's the walk passes only files of
+that owner, who can give any of them whatever ACL they like: a race there shows
+nothing its owner could not show without one.  Writes stay on descriptors: apply and
+revert walk with the files open.
 """
 
-from __future__ import annotations  # annotations stay text: no typing work at start-up
+from __future__ import annotations  # annotations stay text: typing is never imported
 
 import errno
 import os
 import stat
-from typing import Dict, Iterator, List, Optional, Set, Tuple
-
+import struct
 import posix1e
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+    Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
+    FileRead = Tuple[str, int, int, bytes]  # a file read by name: name, mode, gid, access ACL
 
 USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
     posix1e.ACL_USER_OBJ,
@@ -38,11 +56,13 @@ R, W, X = posix1e.ACL_READ, posix1e.ACL_WRITE, posix1e.ACL_EXECUTE
 TEXT_OPTIONS = posix1e.TEXT_NUMERIC_IDS | posix1e.TEXT_ABBREVIATE
 
 ACCESS_XATTR, DEFAULT_XATTR = "system.posix_acl_access", "system.posix_acl_default"
+XATTR_VERSION = b"\x02\x00\x00\x00"  # POSIX_ACL_XATTR_VERSION, little-endian
+TAGS = frozenset((USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER))
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 32
-
-Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
+NO_MOUNT = (-1, None)  # _refused's mount argument for a file: only directories are tested
+OPEN_FILES = -1  # _walk's here for a walk that opens every file (apply, revert)
 
 
 class AclError(Exception):
@@ -73,6 +93,25 @@ def to_acl(items: Entries) -> posix1e.ACL:
         entry.permset.write = bool(perm & W)
         entry.permset.execute = bool(perm & X)
     return acl
+
+
+def parse(data: bytes) -> Optional[Entries]:
+    """The entries of a system.posix_acl_access or _default attribute as the kernel
+    gives it (version 2, then tag, perm, id, little-endian); None for none (b"").
+
+    The same (tag, id) -> rwx bits as entries() makes of libacl's reading, without
+    libacl: check parses only the few distinct ACLs of a journal this way.
+    """
+    if not data:
+        return None
+    if len(data) % 8 != 4 or data[:4] != XATTR_VERSION:
+        raise AclError("cannot read the ACL: not a POSIX ACL attribute")
+    result: Entries = {}
+    for tag, perm, ident in struct.iter_unpack("<HHI", data[4:]):
+        if tag not in TAGS:
+            raise AclError(f"cannot read the ACL: unknown entry tag {tag:#x}")
+        result[(tag, ident if tag in (USER, GROUP) else UNDEFINED)] = perm & 7
+    return result or None
 
 
 def text(acl: Optional[posix1e.ACL]) -> bytes:
@@ -136,34 +175,23 @@ def perms_text(perm: int) -> str:
 
 
 class Node:
-    """A directory or regular file under the journal, open as fd while it is visited."""
+    """A directory or regular file under the journal, open as fd while it is visited.
 
-    __slots__ = ("path", "fd", "st", "is_dir")
+    files: for a directory walked with open_files false, its regular files, read by
+    name and not yielded on their own, as (name, st_mode, st_gid, access ACL attribute)
+    tuples: what check judges them by (the stat itself is let go at once, thousands of
+    them kept would be a few megabytes to allocate and fault in).
+    """
+
+    __slots__ = ("path", "fd", "st", "is_dir", "files")
 
     def __init__(self, path: str, fd: int, st: os.stat_result, is_dir: bool) -> None:
         self.path, self.fd, self.st, self.is_dir = path, fd, st, is_dir
-
-    def read(self) -> Tuple[posix1e.ACL, Optional[posix1e.ACL]]:
-        """The access ACL (from the mode where there is none) and, for a directory, the
-        default ACL (empty where there is none), read on the descriptor."""
-        try:
-            access = posix1e.ACL(fd=self.fd)
-        except OSError as exc:
-            if exc.errno != errno.EOPNOTSUPP:
-                raise AclError(f"cannot read the ACL: {exc.strerror}") from None
-            access = posix1e.ACL(mode=self.st.st_mode)  # no ACL support: the mode is all
-        if not self.is_dir:
-            return access, None
-        try:
-            return access, posix1e.ACL(filedef=magic_link(self.fd))
-        except OSError as exc:
-            if exc.errno != errno.EOPNOTSUPP:
-                raise AclError(f"cannot read the default ACL: {_proc_hint(exc)}") from None
-            return access, None
+        self.files: List[FileRead] = []
 
     def raw(self) -> Tuple[bytes, bytes]:
-        """The access and default ACL attributes as the kernel keeps them (b"" for none):
-        a cache key two system calls cheap, where libacl's parse and text cost more."""
+        """The access and default ACL attributes as the kernel keeps them (b"" for none),
+        read on the descriptor: what the verdict cache keys on, and what acls() parses."""
         try:
             access = os.getxattr(self.fd, ACCESS_XATTR)
         except OSError as exc:
@@ -180,11 +208,10 @@ class Node:
             return access, b""
 
     def acls(self) -> Tuple[Entries, Optional[Entries]]:
-        """The access and default ACLs as entries (default None where there is none)."""
-        access, default = self.read()
-        return entries(access) or from_mode(self.st.st_mode), (
-            entries(default) if default is not None else None
-        )
+        """The access ACL (from the mode where there is none, as libacl reads it) and the
+        default ACL (None where there is none or for a file)."""
+        access, default = self.raw()
+        return parse(access) or from_mode(self.st.st_mode), parse(default)
 
     def set_acls(self, access: Optional[Entries], default: Optional[Entries]) -> None:
         """Write the ACLs given (None: leave that one alone), on the descriptor."""
@@ -283,7 +310,13 @@ def mount_id(fd: int) -> Optional[int]:
     return None
 
 
-def walk(top_fd: int, top_path: str, allowed_uids: Set[int], skips: List[Skip]) -> Iterator[Node]:
+def walk(
+    top_fd: int,
+    top_path: str,
+    allowed_uids: Set[int],
+    skips: List[Skip],
+    open_files: bool = True,
+) -> Iterator[Node]:
     """Yield top and every directory and regular file under it, each open while yielded.
 
     Never follows a symbolic link; skips (into skips) what is not a directory or regular
@@ -293,9 +326,168 @@ def walk(top_fd: int, top_path: str, allowed_uids: Set[int], skips: List[Skip]) 
     bring a directory from outside the journal or top itself, a loop, into the walk).
     Files that vanish meanwhile (journald rotates and vacuums) are passed over in
     silence.  The caller owns top_fd; the descriptors of everything below are closed here.
+
+    With open_files false (for reading only), regular files are not opened and not
+    yielded on their own: each directory's node carries them in node.files, read by name
+    in the open directory (see the module's docstring), under the same rules.  The
+    process's working directory is that directory while its files are read (never while
+    a node is yielded), and is back where it was before anything is yielded.  Where the
+    way back is unknown (a user's check started in a directory it cannot search), names
+    are read through the directory's magic link instead; where neither works, files are
+    opened and yielded as with open_files.
     """
     st = os.fstat(top_fd)
-    return _walk(top_fd, top_path, st, allowed_uids, skips, 0, (st.st_dev, mount_id(top_fd)))
+    mount = (st.st_dev, mount_id(top_fd))
+    if open_files:
+        return _walk(top_fd, top_path, st, allowed_uids, skips, 0, mount, OPEN_FILES)
+    return _walk_by_name(top_fd, top_path, st, allowed_uids, skips, mount)
+
+
+def _walk_by_name(
+    top_fd: int,
+    top_path: str,
+    top_st: os.stat_result,
+    allowed_uids: Set[int],
+    skips: List[Skip],
+    mount: Tuple[int, Optional[int]],
+) -> Iterator[Node]:
+    try:
+        here: Optional[int] = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        # No way back to the working directory (a user's check started in a directory
+        # it cannot search): names are read through the directory's magic link instead,
+        # so the verdict does not depend on where the tool was started.
+        here = None
+    try:
+        yield from _walk(top_fd, top_path, top_st, allowed_uids, skips, 0, mount, here)
+    finally:
+        if here is not None:
+            os.close(here)
+
+
+def _refused(
+    path: str,
+    st: os.stat_result,
+    is_dir: bool,
+    top_st: os.stat_result,
+    allowed_uids: Set[int],
+    mount: Tuple[int, Optional[int]],
+    fd: int,
+) -> Optional[Skip]:
+    """Why the walk leaves path alone (st: its stat, fd: the directory open, or -1), or
+    None: the same rules for a file opened and a file read by name."""
+    if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
+        return _changed(path)
+    # Directories only: on an overlayfs whose layers are on several filesystems
+    # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
+    # takes root, as any mount does.
+    if is_dir and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
+        return Skip(
+            "skipped-mount",
+            path,
+            f"{shown(path)} is a mount point (or on another filesystem): not walked, left alone",
+        )
+    if st.st_uid not in allowed_uids:
+        return Skip(
+            "skipped-owner",
+            path,
+            f"{shown(path)} is owned by uid {st.st_uid}, not root or a journal user: left alone",
+        )
+    if top_st.st_uid != 0 and st.st_uid != top_st.st_uid:
+        # In systemd-journal-remote's directory everything is its own: a file of
+        # root's there was put there (a hard link whose other name is gone since,
+        # with fs.protected_hardlinks=0), not written by it.
+        return Skip(
+            "skipped-owner",
+            path,
+            f"{shown(path)} is owned by uid {st.st_uid} in a directory of uid "
+            f"{top_st.st_uid}: left alone",
+        )
+    if not is_dir and st.st_nlink > 1:
+        return Skip(
+            "skipped-hardlink",
+            path,
+            f"{shown(path)} has {st.st_nlink} hard links: "
+            "left alone (one of them may be outside the journal)",
+        )
+    return None
+
+
+def _files_by_name(
+    top_fd: int,
+    top_path: str,
+    top_st: os.stat_result,
+    names: List[str],
+    allowed_uids: Set[int],
+    skips: List[Skip],
+    here: Optional[int],
+) -> Optional[List[FileRead]]:
+    """The regular files names of the directory open as top_fd, read without opening
+    them, relative to the working directory moved there, or where the way back to it
+    (here) is unknown, through the directory's magic link; None where neither works
+    (open them instead).
+
+    One loop, no call per file but the two system calls: the walk's cost on a journal.
+    """
+    read: List[FileRead] = []
+    append = read.append
+    top_uid = top_st.st_uid
+    prefix = ""
+    if here is None:
+        if not magic_links_work(top_fd):
+            return None
+        prefix = magic_link(top_fd) + "/"  # the lookup starts at top_fd's inode
+    else:
+        try:
+            os.chdir(top_fd)
+        except OSError:
+            return None
+    try:
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                skips.append(_unreadable(f"{top_path}/{name}", exc, "read"))
+                continue
+            # What _refused lets through, tested inline; _refused says why not.
+            if not (
+                stat.S_ISREG(st.st_mode)
+                and st.st_nlink == 1
+                and st.st_uid in allowed_uids
+                and (top_uid == 0 or st.st_uid == top_uid)
+            ):
+                skip = _refused(
+                    f"{top_path}/{name}", st, False, top_st, allowed_uids, NO_MOUNT, -1
+                )
+                if skip is not None:
+                    skips.append(skip)
+                    continue
+            try:
+                # lgetxattr, relative to the working directory or the magic link:
+                # either way the lookup starts at top_fd's inode.
+                access = os.getxattr(prefix + name, ACCESS_XATTR, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP):
+                    access = b""
+                else:
+                    if exc.errno != errno.ENOENT:  # gone: passed over, as vanished files are
+                        path = f"{top_path}/{name}"
+                        skips.append(
+                            Skip(
+                                "unreadable-acl",
+                                path,
+                                f"{shown(path)}: cannot read the ACL: {exc.strerror}",
+                                action=True,
+                            )
+                        )
+                    continue
+            append((name, st.st_mode, st.st_gid, access))
+    finally:
+        if here is not None:
+            os.chdir(here)
+    return read
 
 
 def _walk(
@@ -306,12 +498,14 @@ def _walk(
     skips: List[Skip],
     depth: int,
     mount: Tuple[int, Optional[int]],
+    here: Optional[int],
 ) -> Iterator[Node]:
-    yield Node(top_path, top_fd, top_st, True)
+    node = Node(top_path, top_fd, top_st, True)
     try:
         with os.scandir(top_fd) as it:
             entries = [(e.name, _kind(e)) for e in it]
     except FileNotFoundError:
+        yield node
         return
     except OSError as exc:
         skips.append(
@@ -322,7 +516,15 @@ def _walk(
                 action=True,
             )
         )
+        yield node
         return
+    by_name = False
+    if here != OPEN_FILES:
+        files = [name for name, kind in entries if kind == "file"]
+        read = _files_by_name(top_fd, top_path, top_st, files, allowed_uids, skips, here)
+        if read is not None:
+            node.files, by_name = read, True
+    yield node
     for name, kind in entries:
         path = f"{top_path}/{name}"
         if kind == "link":
@@ -336,6 +538,8 @@ def _walk(
             )
             continue
         is_dir = kind == "dir"
+        if not is_dir and by_name:
+            continue  # read by name above
         try:
             fd = os.open(name, O_DIR if is_dir else O_FILE, dir_fd=top_fd)
         except FileNotFoundError:
@@ -344,65 +548,13 @@ def _walk(
             if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
                 skips.append(_changed(path))
             else:
-                skips.append(
-                    Skip(
-                        "unreadable-file",
-                        path,
-                        f"cannot open {shown(path)}: {exc.strerror}",
-                        action=True,
-                    )
-                )
+                skips.append(_unreadable(path, exc, "open"))
             continue
         try:
             st = os.fstat(fd)
-            if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
-                skips.append(_changed(path))
-                continue
-            # Directories only: on an overlayfs whose layers are on several filesystems
-            # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
-            # takes root, as any mount does.
-            if is_dir and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
-                skips.append(
-                    Skip(
-                        "skipped-mount",
-                        path,
-                        f"{shown(path)} is a mount point (or on another filesystem): "
-                        "not walked, left alone",
-                    )
-                )
-                continue
-            if st.st_uid not in allowed_uids:
-                skips.append(
-                    Skip(
-                        "skipped-owner",
-                        path,
-                        f"{shown(path)} is owned by uid {st.st_uid}, not root "
-                        "or a journal user: left alone",
-                    )
-                )
-                continue
-            if top_st.st_uid != 0 and st.st_uid != top_st.st_uid:
-                # In systemd-journal-remote's directory everything is its own: a file of
-                # root's there was put there (a hard link whose other name is gone since,
-                # with fs.protected_hardlinks=0), not written by it.
-                skips.append(
-                    Skip(
-                        "skipped-owner",
-                        path,
-                        f"{shown(path)} is owned by uid {st.st_uid} in a directory of uid "
-                        f"{top_st.st_uid}: left alone",
-                    )
-                )
-                continue
-            if not is_dir and st.st_nlink > 1:
-                skips.append(
-                    Skip(
-                        "skipped-hardlink",
-                        path,
-                        f"{shown(path)} has {st.st_nlink} hard links: "
-                        "left alone (one of them may be outside the journal)",
-                    )
-                )
+            skip = _refused(path, st, is_dir, top_st, allowed_uids, mount, fd)
+            if skip is not None:
+                skips.append(skip)
                 continue
             if is_dir:
                 if depth + 1 >= MAX_DEPTH:
@@ -415,30 +567,35 @@ def _walk(
                         )
                     )
                     continue
-                yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount)
+                yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount, here)
             else:
                 yield Node(path, fd, st, False)
         finally:
             os.close(fd)
 
 
+def _unreadable(path: str, exc: OSError, verb: str) -> Skip:
+    return Skip("unreadable-file", path, f"cannot {verb} {shown(path)}: {exc.strerror}", True)
+
+
 def _changed(path: str) -> Skip:
     return Skip(
         "changed-while-reading",
         path,
-        f"{shown(path)} changed type while it was read (replaced by a symbolic link?): not checked",
+        f"{shown(path)} changed type while it was read (replaced by a symbolic link?): "
+        "not checked",
         action=True,
     )
 
 
 def _kind(entry: os.DirEntry) -> str:
-    try:
-        if entry.is_symlink():
-            return "link"
+    try:  # from the directory entry's type (d_type): no system call where it is known
+        if entry.is_file(follow_symlinks=False):  # most entries: one test
+            return "file"
         if entry.is_dir(follow_symlinks=False):
             return "dir"
-        if entry.is_file(follow_symlinks=False):
-            return "file"
+        if entry.is_symlink():
+            return "link"
     except OSError:
         pass
     return "other"
