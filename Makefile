@@ -19,7 +19,9 @@ export LC_ALL := C.UTF-8
 
 PYTHON := /usr/bin/python3
 # The autopkgtest testbed's release, and the installer netboot package the tests boot:
-# the host's own (each release has its numbered debian-installer-N-netboot-amd64).
+# the host's own (each release has its numbered debian-installer-N-netboot-amd64); the
+# other release's is fetched by the test itself (netboot-serialize/fetch-netboot, apt
+# with a throwaway configuration, verified with debian-archive-keyring).
 RELEASE ?= $(shell . /etc/os-release 2>/dev/null; echo $${VERSION_CODENAME:-bookworm})
 DI_NETBOOT := debian-installer-$(shell . /etc/os-release 2>/dev/null; echo $${VERSION_ID:-12})-netboot-amd64
 BUILD := $(CURDIR)/build
@@ -34,7 +36,7 @@ TOOLS := $(notdir $(wildcard bin/*))
 TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
 TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography qemu-utils
 TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
-	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT))
+	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT)) debian-archive-keyring
 TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
 TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS),$(TEST_DEPENDS_$(tool)))
