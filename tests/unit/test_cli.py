@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import debadmin
+from debadmin import cli
 
 SRC = Path(__file__).resolve().parents[2]
 DATA = SRC / "tests" / "data" / "netboot-serialize"
@@ -91,3 +92,11 @@ def test_netboot_dry_run_into_open_pipe_still_works(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("installer: ")
     assert "console=ttyS0,115200n8" in result.stdout
+
+
+@pytest.mark.parametrize("columns", ["120", "", "0", "-3", "wide"])
+def test_terminal_width_reads_as_shutil_does(monkeypatch, columns):
+    """The help formatter's width, read without importing shutil, is the width
+    argparse's own formatter would take from shutil.get_terminal_size()."""
+    monkeypatch.setenv("COLUMNS", columns)
+    assert cli.terminal_width() == shutil.get_terminal_size().columns

@@ -491,31 +491,39 @@ def scan(
         skips.append(walker.Skip("unreadable-acl", path, f"{walker.shown(path)}: {exc}", True))
 
     count = 0
-    for node in walker.walk(fd, str(journal), uids, skips, open_files=False):
-        count += 1
-        try:
-            st = node.st
-            cannot_read, no_inherit = judge(node.raw(), st.st_mode, st.st_gid, node.is_dir)
-        except walker.AclError as exc:
-            unreadable_acl(node.path, exc)
-        else:
-            for name in cannot_read:
-                unreadable[name].append(node.path)
-            for name in no_inherit:
-                no_default[name].append(node.path)
-        # The files read by name in this directory: thousands, a few distinct keys.
-        count += len(node.files)
-        prefix = node.path + "/"
-        for name, mode, gid, access in node.files:
-            verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
-            if verdict is None:
-                try:
-                    verdict = judge((access, b""), mode, gid, False)
-                except walker.AclError as exc:
-                    unreadable_acl(prefix + name, exc)
-                    continue
-            for group in verdict[0]:
-                unreadable[group].append(prefix + name)
+    # The walk makes a few tuples a file and no reference cycles: the collector's
+    # passes over them are ~1.5 ms of a 5,000-file check for nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for node in walker.walk(fd, str(journal), uids, skips, open_files=False):
+            count += 1
+            try:
+                st = node.st
+                cannot_read, no_inherit = judge(node.raw(), st.st_mode, st.st_gid, node.is_dir)
+            except walker.AclError as exc:
+                unreadable_acl(node.path, exc)
+            else:
+                for name in cannot_read:
+                    unreadable[name].append(node.path)
+                for name in no_inherit:
+                    no_default[name].append(node.path)
+            # The files read by name in this directory: thousands, a few distinct keys.
+            count += len(node.files)
+            prefix = node.path + "/"
+            for name, mode, gid, access in node.files:
+                verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
+                if verdict is None:
+                    try:
+                        verdict = judge((access, b""), mode, gid, False)
+                    except walker.AclError as exc:
+                        unreadable_acl(prefix + name, exc)
+                        continue
+                for group in verdict[0]:
+                    unreadable[group].append(prefix + name)
+    finally:
+        if collecting:
+            gc.enable()
     found: List[Finding] = []
     for name in groups:  # the walk goes in directory order; the report in path order
         found += [
@@ -1117,7 +1125,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("apply", cmd_apply, "make check pass"),
         ("revert", cmd_revert, "remove what apply added (never a log file)"),
     ):
-        p = sub.add_parser(name, help=helptext, description=helptext)
+        p = sub.add_parser(
+            name, help=helptext, description=helptext, formatter_class=cli.Formatter
+        )
         cli.add_verbosity(p)
         p.set_defaults(func=func)
         p.add_argument(
