@@ -1917,7 +1917,7 @@ def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
     snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
     values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
     # Keys of --fix and --libvirt output, which test_secureboot_ca_check_fix checks.
-    fix_keys = {"dry_run", "saved_state"}
+    fix_keys = {"dry_run", "saved_state", "nvram_exists", "template_from", "created_from"}
     assert snake - keys - values - fix_keys == set()
 
 

@@ -3,9 +3,11 @@ refusals, fuzzed stores and certificates, libvirt domains."""
 
 import datetime
 import fcntl
+import importlib
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -1066,3 +1068,228 @@ def test_an_in_transition_copy_is_marked_deleted_too(tmp_path, capsys, fakes):
     assert rc == 0, err
     states = [s.state for s in slots(path.read_bytes()) if s.name == "KEK"]
     assert states == [0x3C, 0x3C, efi.VAR_ADDED]
+
+
+# --- never-started domains: the verdict on the template libvirt will copy ----------------
+
+
+FIRMWARE = REAL / "firmware"  # bookworm's ovmf descriptors for x86_64
+
+
+def never_started_host(tmp_path: Path, os_attrs: str, loader: str, descriptors=True):
+    """A host with one domain that has no NVRAM file yet, Debian's OVMF templates (the
+    .ms one with the 2011 keys, the plain one with none) and its firmware descriptors."""
+    root = tmp_path / "root"
+    (root / "etc/libvirt/qemu").mkdir(parents=True)
+    (root / "var/lib/libvirt/qemu/nvram").mkdir(parents=True)
+    (root / "usr/share/OVMF").mkdir(parents=True)
+    (root / "usr/share/OVMF/OVMF_VARS_4M.ms.fd").write_bytes(make_store(ms_variables()))
+    (root / "usr/share/OVMF/OVMF_VARS_4M.fd").write_bytes(make_store([]))
+    if descriptors:
+        shutil.copytree(FIRMWARE, root / "usr/share/qemu/firmware")
+    (root / "etc/libvirt/qemu/new.xml").write_text(
+        DOMAIN_XML.format(name="new", uuid=uuid.uuid4(), firmware=os_attrs, loader=loader)
+    )
+    return root
+
+
+def test_never_started_domain_gets_the_verdict_of_its_template(tmp_path, capsys, fakes):
+    """libvirt copies <nvram template=> at the first start: that is what the VM gets."""
+    loader = LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/new_VARS.fd")
+    root = never_started_host(tmp_path, "", loader)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert rc == 1 and domain["verdict"] == "action-needed", err
+    assert domain["nvram_exists"] is False and domain["running"] is False
+    assert domain["template"] == "/usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    assert domain["template_from"] == "the domain definition"
+    assert domain["report"]["source"]["path"].endswith("usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 1 and (
+        "domain new (shut off): NVRAM /var/lib/libvirt/qemu/nvram/new_VARS.fd not created "
+        "yet; verdict on template /usr/share/OVMF/OVMF_VARS_4M.ms.fd (from the domain "
+        "definition): action-needed"
+    ) in out, out
+
+
+def test_fix_creates_a_never_started_domains_nvram_from_its_template(tmp_path, capsys, fakes):
+    loader = LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/new_VARS.fd")
+    root = never_started_host(tmp_path, "", loader)
+    nvram = root / "var/lib/libvirt/qemu/nvram/new_VARS.fd"
+    template = root / "usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    original = template.read_bytes()
+    rc, out, err = run(
+        capsys, "--libvirt", "--root", str(root), "--fix", "--dry-run", *cert_args(fakes)
+    )
+    assert "would create /var" not in out and f"would create {nvram} from {template}" in out
+    assert not nvram.exists() and os.listdir(nvram.parent) == [], err
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert f"created {nvram} from {template}" in out, out + err
+    assert "added Microsoft UEFI CA 2023 to db" in out.replace("Fake ", "")
+    assert template.read_bytes() == original and os.listdir(nvram.parent) == ["new_VARS.fd"]
+    assert stat_mode(nvram) == 0o600
+    variables = efi.parse_varstore(nvram.read_bytes(), "x")
+    assert variables["KEK"].data.endswith(der(fake_cas_of(fakes, "kek_2k_ca_2023")))
+    assert variables["PK"].data == efi.parse_varstore(original, "x")["PK"].data
+    # Created: from now on it is the domain's own NVRAM, checked and fixed as any.
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert domain["nvram_exists"] is True and "template" not in domain
+
+
+def stat_mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def fake_cas_of(files, ca_id):
+    return x509.load_pem_x509_certificate(files[ca_id].read_bytes())
+
+
+def test_fix_never_creates_over_a_file_that_appeared(tmp_path, capsys, fakes, monkeypatch):
+    """libvirt may create the file (a start) between the check and the write: the file
+    it made is kept, the fix refused."""
+    loader = LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/new_VARS.fd")
+    root = never_started_host(tmp_path, "", loader)
+    nvram = root / "var/lib/libvirt/qemu/nvram/new_VARS.fd"
+    real_plan = fix.plan_fix
+
+    def libvirt_starts_it(*args, **kwargs):
+        nvram.write_bytes(b"libvirt's copy")
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(fix, "plan_fix", libvirt_starts_it)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert rc == 2 and "was created meanwhile" in out, out + err
+    assert nvram.read_bytes() == b"libvirt's copy"
+    assert sorted(os.listdir(nvram.parent)) == ["new_VARS.fd"]
+
+
+@pytest.mark.parametrize(
+    "features, template",
+    [
+        # No wish: the first descriptor by name that fits, 40-...-secure-enrolled.
+        ("", "/usr/share/OVMF/OVMF_VARS_4M.ms.fd"),
+        (
+            "<firmware><feature enabled='yes' name='secure-boot'/>"
+            "<feature enabled='no' name='enrolled-keys'/></firmware>",
+            "/usr/share/OVMF/OVMF_VARS_4M.fd",
+        ),
+        ("<firmware><feature enabled='no' name='secure-boot'/></firmware>",
+         "/usr/share/OVMF/OVMF_VARS_4M.fd"),
+    ],
+)
+def test_autoselected_firmware_template_as_libvirt_selects_it(
+    tmp_path, capsys, fakes, features, template
+):
+    """<os firmware='efi'> (bookworm's libvirt keeps no template in the definition): the
+    template of the first firmware descriptor that fits the domain."""
+    root = never_started_host(tmp_path, " firmware='efi'", f"    {features}\n" if features else "")
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert domain["nvram"] == "/var/lib/libvirt/qemu/nvram/new_VARS.fd", err
+    assert domain["template"] == template and domain["nvram_exists"] is False
+    assert domain["template_from"].startswith("/usr/share/qemu/firmware/")
+    if template.endswith(".ms.fd"):
+        assert rc == 1 and domain["verdict"] == "action-needed"
+    else:
+        # No keys enrolled: the VM will run in setup mode, Secure Boot not enforced.
+        assert domain["verdict"] != "action-needed", domain["verdict"]
+    # A template libvirt picked by itself is not created by --fix: libvirt may pick
+    # another (its rules change between releases) and a store of another firmware build
+    # does not boot; it says how to let libvirt create it.
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert not (root / "var/lib/libvirt/qemu/nvram/new_VARS.fd").exists()
+    if template.endswith(".ms.fd"):
+        assert "not fixed: NVRAM not created yet" in out and "virsh start --paused new" in out
+
+
+def test_descriptor_in_etc_replaces_or_hides_the_one_in_usr(tmp_path, capsys):
+    root = never_started_host(tmp_path, " firmware='efi'", "")
+    etc = root / "etc/qemu/firmware"
+    etc.mkdir(parents=True)
+    (etc / "40-edk2-x86_64-secure-enrolled.json").write_text("")  # masked
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert domain["template"] == "/usr/share/OVMF/OVMF_VARS_4M.fd", err
+    assert domain["template_from"] == "/usr/share/qemu/firmware/50-edk2-x86_64-secure.json"
+    mine = json.loads((FIRMWARE / "60-edk2-x86_64.json").read_text())
+    mine["mapping"]["nvram-template"]["filename"] = "/usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    (etc / "10-mine.json").write_text(json.dumps(mine))
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert domain["template_from"] == "/etc/qemu/firmware/10-mine.json" and rc == 1, err
+
+
+def test_legacy_loader_template_from_qemu_conf(tmp_path, capsys):
+    """A loader path no descriptor names: libvirt takes qemu.conf's nvram list."""
+    loader = "    <loader readonly='yes' type='pflash'>/opt/fw/CODE.fd</loader>\n"
+    root = never_started_host(tmp_path, "", loader)
+    (root / "etc/libvirt/qemu.conf").write_text(
+        '# nvram = [ "/opt/fw/CODE.fd:/nowhere" ]\n'
+        'nvram = [\n  "/opt/other.fd:/x",\n'
+        '  "/opt/fw/CODE.fd:/usr/share/OVMF/OVMF_VARS_4M.ms.fd"\n]\n'
+    )
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert domain["template"] == "/usr/share/OVMF/OVMF_VARS_4M.ms.fd", err
+    assert domain["template_from"] == "/etc/libvirt/qemu.conf (nvram)" and rc == 1
+
+
+def test_no_template_found_is_an_error_verdict(tmp_path, capsys):
+    root = never_started_host(tmp_path, " firmware='efi'", "", descriptors=False)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 2 and "not created" not in out
+    assert "no such file, and no template (no firmware descriptor" in out, out
+
+
+def test_files_are_read_when_libvirt_is_not_asked_and_it_says_so(tmp_path, capsys):
+    root = libvirt_host(tmp_path, False)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    doc = json.loads(out)
+    assert doc["source"] == "files" and "transient domains are not seen" in doc["note"]
+    assert all(d["transient"] is False for d in doc["domains"])
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert out.startswith("domains from files: --root names another tree: read ")
+
+
+def test_a_running_vms_store_is_read_until_two_reads_agree(tmp_path, monkeypatch):
+    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    reads = iter([b"a", b"b", b"c", b"c"])
+    monkeypatch.setattr(fix, "read_nvram", lambda path: next(reads))
+    assert libvirt.read_running(tmp_path) == b"c"
+    reads = iter([b"a", b"b", b"c", b"d", b"e"])
+    with pytest.raises(sbc.Error, match="changed between reads"):
+        libvirt.read_running(tmp_path)
+
+
+def test_live_definition_from_virsh_dumpxml(tmp_path):
+    """What virsh dumpxml prints for a running transient domain: the <nvram> libvirt
+    chose, the template it copied."""
+    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    xml = DOMAIN_XML.format(
+        name="tr",
+        uuid=uuid.uuid4(),
+        firmware="",
+        loader=LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/tr_VARS.fd"),
+    ).split("-->", 1)[1]
+    domain = libvirt.parse_domain(libvirt.check_xml_text(xml.encode(), "virsh"), "virsh", "x")
+    assert domain.nvram == "/var/lib/libvirt/qemu/nvram/tr_VARS.fd"
+    assert domain.template == "/usr/share/OVMF/OVMF_VARS_4M.ms.fd"
+    with pytest.raises(sbc.Error, match="DOCTYPE"):
+        libvirt.check_xml_text(b"<!DOCTYPE x []><domain/>", "virsh")
+
+
+def test_libvirt_json_keys_are_in_the_man_page(tmp_path, capsys, fakes):
+    loader = LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/new_VARS.fd")
+    root = never_started_host(tmp_path, "", loader)
+    rc, out, err = run(
+        capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes), "--json"
+    )
+    first = json.loads(out)
+    keys = set(first) | {k for d in first["domains"] for k in d if k != "report"}
+    (new,) = first["domains"]
+    assert new["fix"]["created_from"] and new["template_from"], err
+    keys |= set(new["fix"])
+    page = (Path(__file__).resolve().parents[2] / "man/secureboot-ca-check.8").read_text()
+    words = set(re.findall(r"[a-z_]+", page.replace("\\-", "-")))
+    assert keys - words == set(), keys - words

@@ -974,7 +974,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--libvirt",
         action="store_true",
-        help="check the NVRAM of every libvirt domain (/etc/libvirt/qemu/*.xml)",
+        help="check the NVRAM of every libvirt domain (virsh, else /etc/libvirt/qemu/*.xml)",
     )
     parser.set_defaults(func=dispatch)
     return parser
