@@ -1293,3 +1293,48 @@ def test_libvirt_json_keys_are_in_the_man_page(tmp_path, capsys, fakes):
     page = (Path(__file__).resolve().parents[2] / "man/secureboot-ca-check.8").read_text()
     words = set(re.findall(r"[a-z_]+", page.replace("\\-", "-")))
     assert keys - words == set(), keys - words
+
+
+# --- a VM powered off (virsh destroy) while its firmware wrote a variable ---------------
+
+
+def unfinished(state: int, sizes: bool = True) -> bytes:
+    """A variable edk2 was writing: header, then (VAR_HEADER_VALID_ONLY) name and data
+    not yet programmed; or (sizes=False) a header whose sizes were not written yet."""
+    blob = bytearray(variable("Boot0007", b"\x01" * 90, state=state))
+    blob[60:] = b"\xff" * (len(blob) - 60)
+    if not sizes:
+        blob[36:48] = b"\xff" * 12
+    return bytes(blob)
+
+
+@pytest.mark.parametrize("state", [0x7F, 0xFF])
+def test_an_interrupted_variable_write_is_stepped_over(tmp_path, capsys, fakes, state):
+    """Found by test-libvirt-nspawn: a VM destroyed while OVMF wrote a variable left one
+    whose name was unwritten, and the check refused the whole store."""
+    path = tmp_path / "VARS.fd"
+    tail = unfinished(state)
+    path.write_bytes(make_store(ms_variables() + [tail]))
+    rc, out, err = run(capsys, "--varstore", str(path), "--json")
+    assert rc == 1 and json.loads(out)["reports"][0]["verdict"] == "action-needed", err
+    before = path.read_bytes()
+    at = before.index(tail)
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
+    assert "added" in out, err
+    after = path.read_bytes()
+    # Kept where it was, as edk2 keeps it until it reclaims; the new copies come after.
+    assert after[at : at + len(tail)] == tail
+    assert efi.parse_varstore(after, "x")["KEK"].data.endswith(
+        der(fake_cas_of(fakes, "kek_2k_ca_2023"))
+    )
+
+
+def test_an_interrupted_header_ends_the_store_and_fix_refuses(tmp_path, capsys, fakes):
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables() + [unfinished(0xFF, sizes=False)]))
+    rc, out, err = run(capsys, "--varstore", str(path), "--json")
+    assert rc == 1, err
+    original = path.read_bytes()
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
+    assert rc == 2 and "unfinished variable write" in err and out == ""
+    assert path.read_bytes() == original and backups(path) == []

@@ -475,6 +475,8 @@ PLAIN_VARIABLE_GUID = "ddcf3616-3275-4164-98b6-fe85707ffe7d"
 VAR_START_ID = 0x55AA
 VAR_ADDED = 0x3F
 VAR_IN_DELETED_TRANSITION = 0xFE
+# Still set in VAR_HEADER_VALID_ONLY (0x7F) and an erased 0xFF, clear from VAR_ADDED on.
+VAR_UNFINISHED = 0x40
 # A variable being replaced: its new copy is not yet VAR_ADDED (what a VM killed
 # mid-update leaves).  edk2 uses it when no VAR_ADDED copy exists.
 VAR_ADDED_IN_DELETED_TRANSITION = VAR_ADDED & VAR_IN_DELETED_TRANSITION  # 0x3E
@@ -595,15 +597,24 @@ def walk_variables(
         # Both header layouts end in NameSize, DataSize, VendorGuid.
         state, attributes = fields[1], fields[3]
         name_size, data_size, vendor = fields[-3:]
+        # edk2 writes the header, sets VAR_HEADER_VALID_ONLY, writes name and data, then
+        # sets VAR_ADDED: a variable not yet VAR_ADDED is a write the VM's power-off (virsh
+        # destroy) interrupted.  Its name and data may be unwritten; edk2 steps over it by
+        # its sizes, and a header with no sizes yet ends what edk2 reads of the store.
+        unfinished = state & VAR_UNFINISHED
         if name_size < 2 or name_size % 2 or name_size > 1024:
+            if unfinished:
+                return
             raise Error(f"{source}: variable at byte {offset}: bad name size {name_size}")
         data_at = offset + header_size + name_size
         if data_size > end - data_at or data_at > end:
+            if unfinished:
+                return
             raise Error(
                 f"{source}: variable at byte {offset}: data size {data_size} runs past the "
                 "variable store"
             )
-        if data[data_at - 2 : data_at] != b"\0\0":
+        if data[data_at - 2 : data_at] != b"\0\0" and not unfinished:
             raise Error(f"{source}: variable at byte {offset}: name is not NUL-terminated")
         if state in valid:
             name = WANTED_RAW.get((data[offset + header_size : data_at], vendor))

@@ -164,8 +164,18 @@ def walk_store(data: bytes, source: str, ftw: bool = True) -> Store:
         fields = VAR_HEADER.unpack_from(data, offset)
         state, attributes, name_size, data_size = fields[1], fields[3], fields[7], fields[8]
         name_at = offset + VAR_HEADER.size
-        # parse_varstore checked sizes, termination and encoding of every header.
-        name = data[name_at : name_at + name_size - 2].decode("utf-16-le")
+        if state & efi.VAR_UNFINISHED and (
+            name_size < 2 or name_size % 2 or name_size > 1024 or name_at + name_size > end
+            or data_size > end - name_at - name_size
+        ):
+            raise Error(
+                f"{source}: an unfinished variable write without its sizes at byte {offset} "
+                "(the VM was powered off while its firmware wrote one): --fix cannot tell "
+                "where the store ends; boot the VM and shut it down cleanly, then run again"
+            )
+        # parse_varstore checked sizes, termination and encoding of every header (the
+        # name of an unfinished write may be unwritten: never looked up, kept as it is).
+        name = data[name_at : name_at + name_size - 2].decode("utf-16-le", "replace")
         slot = Slot(
             offset,
             state,
