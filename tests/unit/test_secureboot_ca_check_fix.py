@@ -1338,3 +1338,12 @@ def test_an_interrupted_header_ends_the_store_and_fix_refuses(tmp_path, capsys, 
     rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
     assert rc == 2 and "unfinished variable write" in err and out == ""
     assert path.read_bytes() == original and backups(path) == []
+
+
+def test_a_broken_descriptor_leaves_no_template(tmp_path, capsys):
+    """libvirt reads every descriptor before it selects: one it cannot parse, and no
+    domain with firmware autoselection starts."""
+    root = never_started_host(tmp_path, " firmware='efi'", "")
+    (root / "usr/share/qemu/firmware/70-broken.json").write_text("{")
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 2 and "70-broken.json is not a firmware descriptor libvirt can read" in out

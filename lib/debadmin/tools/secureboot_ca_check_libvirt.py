@@ -242,11 +242,13 @@ def read_descriptor(path: Path) -> Optional[dict]:
         blob = efi.read_bounded(path, MAX_DESCRIPTOR, "a firmware descriptor")
         document = json.loads(blob)
     except (Error, ValueError):
-        return None  # libvirt refuses to start anything with a broken one; so do we select
+        return None
     return document if isinstance(document, dict) else None
 
 
-def descriptors(root: Path) -> List[Tuple[str, dict]]:
+def descriptors(root: Path) -> List[Tuple[str, Optional[dict]]]:
+    """(path, document) of each descriptor libvirt reads, in its order; None for one it
+    cannot parse."""
     chosen: Dict[str, Path] = {}
     for directory in DESCRIPTOR_DIRS:
         try:
@@ -264,9 +266,7 @@ def descriptors(root: Path) -> List[Tuple[str, dict]]:
                 continue  # masked
         except OSError:
             continue
-        document = read_descriptor(path)
-        if document is not None:
-            out.append(("/" + str(path.relative_to(root)), document))
+        out.append(("/" + str(path.relative_to(root)), read_descriptor(path)))
     return out
 
 
@@ -352,7 +352,12 @@ def select_template(domain: Domain, root: Path) -> Tuple[Optional[str], str]:
     os_element = domain.os_element
     if os_element is None:
         return None, "no <os> element"
-    for path, document in descriptors(root):
+    found = descriptors(root)
+    for path, document in found:
+        if document is None:
+            # libvirt parses them all first and then selects no firmware at all.
+            return None, f"{path} is not a firmware descriptor libvirt can read"
+    for path, document in found:
         if descriptor_matches(document, os_element, domain.pm):
             return document["mapping"]["nvram-template"]["filename"], path
     loader = os_element.find("loader")
