@@ -773,8 +773,12 @@ def test_libvirt_check_and_fix(tmp_path, capsys, fakes, qcow2):
 
 
 def test_libvirt_not_installed_and_broken_xml(tmp_path, capsys):
-    rc, _, err = run(capsys, "--libvirt", "--root", str(tmp_path))
-    assert rc == 3 and "libvirt" in err
+    rc, out, err = run(capsys, "--libvirt", "--root", str(tmp_path))
+    assert rc == 3 and "libvirt is not installed" in err and "error" not in err and out == ""
+    rc, out, err = run(capsys, "--libvirt", "--root", str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert rc == 3 and doc["applicable"] is False and doc["exit_status"] == 3 and err == ""
+    assert "libvirt is not installed" in doc["reason"] and doc["domains"] == []
     (tmp_path / "etc/libvirt/qemu").mkdir(parents=True)
     (tmp_path / "etc/libvirt/qemu/bad.xml").write_text("<domain><name>x</name>")
     rc, out, err = run(capsys, "--libvirt", "--root", str(tmp_path))

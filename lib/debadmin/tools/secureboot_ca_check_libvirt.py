@@ -12,6 +12,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -679,10 +680,21 @@ def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
 def cmd_libvirt(args: argparse.Namespace) -> int:
     root = Path(args.root or "/")
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-    domains, source = read_domains(root)
-    if not domains:
-        where = "libvirt" if source["source"] == "libvirt" else str(root / DOMAIN_DIR)
-        raise NotApplicable(f"no libvirt domains in {where}")
+    try:
+        domains, source = read_domains(root)
+        if not domains:
+            where = "libvirt" if source["source"] == "libvirt" else str(root / DOMAIN_DIR)
+            raise NotApplicable(f"no libvirt domains in {where}")
+    except NotApplicable as exc:
+        # A verdict, not an error: said as the check says "no UEFI" (one line, or a
+        # JSON document with --json).
+        if args.json:
+            emit_json(
+                {"applicable": False, "reason": str(exc), "domains": [], "exit_status": exc.code}
+            )
+        else:
+            print(f"{sbc.PROG}: {sbc.printable(str(exc))}", file=sys.stderr)
+        return exc.code
     certs = fix.available_certs(args.cert or [], root) if args.fix else {}
     entries = []
     for domain in domains:
