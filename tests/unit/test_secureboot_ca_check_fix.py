@@ -1109,11 +1109,15 @@ def test_never_started_domain_gets_the_verdict_of_its_template(tmp_path, capsys,
     assert domain["template_from"] == "the domain definition"
     assert domain["report"]["source"]["path"].endswith("usr/share/OVMF/OVMF_VARS_4M.ms.fd")
     rc, out, err = run(capsys, "--libvirt", "--root", str(root))
-    assert rc == 1 and (
-        "domain new (shut off): NVRAM /var/lib/libvirt/qemu/nvram/new_VARS.fd not created "
-        "yet; verdict on template /usr/share/OVMF/OVMF_VARS_4M.ms.fd (from the domain "
-        "definition): action-needed"
-    ) in out, out
+    assert (
+        rc == 1
+        and (
+            "domain new (shut off): NVRAM /var/lib/libvirt/qemu/nvram/new_VARS.fd not created "
+            "yet; verdict on template /usr/share/OVMF/OVMF_VARS_4M.ms.fd (from the domain "
+            "definition): action-needed"
+        )
+        in out
+    ), out
 
 
 def test_fix_creates_a_never_started_domains_nvram_from_its_template(tmp_path, capsys, fakes):
@@ -1178,8 +1182,10 @@ def test_fix_never_creates_over_a_file_that_appeared(tmp_path, capsys, fakes, mo
             "<feature enabled='no' name='enrolled-keys'/></firmware>",
             "/usr/share/OVMF/OVMF_VARS_4M.fd",
         ),
-        ("<firmware><feature enabled='no' name='secure-boot'/></firmware>",
-         "/usr/share/OVMF/OVMF_VARS_4M.fd"),
+        (
+            "<firmware><feature enabled='no' name='secure-boot'/></firmware>",
+            "/usr/share/OVMF/OVMF_VARS_4M.fd",
+        ),
     ],
 )
 def test_autoselected_firmware_template_as_libvirt_selects_it(
@@ -1312,6 +1318,43 @@ def unfinished(state: int, sizes: bool = True) -> bytes:
     return bytes(blob)
 
 
+def edk2_sees(data: bytes):
+    """What edk2 finds in a store, written here from its sources, not from the tool's
+    reader: the walk of MdeModulePkg VariableParsing.c (IsValidVariableHeader,
+    GetNextVariablePtr; NameSizeOfVariable and DataSizeOfVariable count 0 when State,
+    NameSize, DataSize or Attributes is all ones), FindVariableEx's choice of copy, and
+    whether VariableWriteServiceInitialize finds the rest free (else it reclaims, and
+    keeps only what the walk found).  ({name: data}, where the walk ends, rest free)."""
+    end = STORE_AT + struct.unpack_from("<I", data, STORE_AT + 16)[0]
+    offset, added, transition = FIRST_VAR, {}, {}
+    while offset < end and struct.unpack_from("<H", data, offset)[0] == 0x55AA:
+        state, attributes = data[offset + 2], struct.unpack_from("<I", data, offset + 4)[0]
+        name_size, data_size = struct.unpack_from("<II", data, offset + 36)
+        if state == 0xFF or 0xFFFFFFFF in (name_size, data_size, attributes):
+            name_size = data_size = 0
+        name = data[offset + 60 : offset + 60 + name_size].decode("utf-16-le", "replace")
+        value = data[offset + 60 + name_size : offset + 60 + name_size + data_size]
+        if state == 0x3F:
+            added.setdefault(name.rstrip("\0"), value)
+        elif state == 0x3E:
+            transition[name.rstrip("\0")] = value
+        offset = (offset + 60 + name_size + data_size + 3) & ~3
+    return {**transition, **added}, offset, data[offset:end].count(0xFF) == end - offset
+
+
+def assert_edk2_sees_the_fix(before: bytes, after: bytes, fakes) -> None:
+    seen_before, _, _ = edk2_sees(before)
+    seen, _, free = edk2_sees(after)
+    assert free, "edk2 would reclaim the fixed store and drop what follows its end"
+    assert seen["KEK"].startswith(seen_before["KEK"])
+    assert seen["KEK"].endswith(der(fake_cas_of(fakes, "kek_2k_ca_2023")))
+    assert seen["db"].startswith(seen_before["db"])
+    assert der(fake_cas_of(fakes, "uefi_ca_2023")) in seen["db"]
+    assert {k: v for k, v in seen.items() if k not in ("KEK", "db")} == {
+        k: v for k, v in seen_before.items() if k not in ("KEK", "db")
+    }
+
+
 @pytest.mark.parametrize("state", [0x7F, 0xFF])
 def test_an_interrupted_variable_write_is_stepped_over(tmp_path, capsys, fakes, state):
     """Found by test-libvirt-nspawn: a VM destroyed while OVMF wrote a variable left one
@@ -1324,24 +1367,82 @@ def test_an_interrupted_variable_write_is_stepped_over(tmp_path, capsys, fakes, 
     before = path.read_bytes()
     at = before.index(tail)
     rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
-    assert "added" in out, err
+    assert rc == 0 and "added" in out, err
     after = path.read_bytes()
-    # Kept where it was, as edk2 keeps it until it reclaims; the new copies come after.
-    assert after[at : at + len(tail)] == tail
-    assert efi.parse_varstore(after, "x")["KEK"].data.endswith(
-        der(fake_cas_of(fakes, "kek_2k_ca_2023"))
-    )
+    # Kept as edk2 keeps it until it reclaims; the new copies where edk2 writes its next
+    # variable: after the sizes of a VAR_HEADER_VALID_ONLY one, right after the header
+    # of one still 0xFF (edk2 counts its sizes as 0, and its walk ends in its name).
+    kept = len(tail) if state == 0x7F else 60
+    assert after[at : at + kept] == tail[:kept]
+    assert after[at + kept : at + kept + 2] == b"\xaa\x55"
+    assert_edk2_sees_the_fix(before, after, fakes)
 
 
-def test_an_interrupted_header_ends_the_store_and_fix_refuses(tmp_path, capsys, fakes):
+def test_an_interrupted_header_without_sizes_is_the_header_alone(tmp_path, capsys, fakes):
     path = tmp_path / "VARS.fd"
     path.write_bytes(make_store(ms_variables() + [unfinished(0xFF, sizes=False)]))
     rc, out, err = run(capsys, "--varstore", str(path), "--json")
     assert rc == 1, err
-    original = path.read_bytes()
+    before = path.read_bytes()
     rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
-    assert rc == 2 and "unfinished variable write" in err and out == ""
-    assert path.read_bytes() == original and backups(path) == []
+    assert rc == 0 and "added" in out, err
+    assert_edk2_sees_the_fix(before, path.read_bytes(), fakes)
+
+
+@pytest.mark.parametrize("how", ["state", "attributes", "torn"])
+def test_fix_compacts_a_store_edk2_would_reclaim(tmp_path, capsys, fakes, how):
+    """A header edk2 steps over alone (State 0xFF, or all-ones attributes) though its name
+    and data were programmed, or the next header torn: edk2's walk ends there and, the
+    rest not free, it reclaims at its next start.  --fix appended after it: the new KEK
+    and db were dropped and the old copies marked deleted, no KEK, no db at all."""
+    if how == "state":
+        tail = variable("Boot0007", b"\x01" * 90, state=0xFF)
+    elif how == "attributes":
+        tail = variable("Boot0007", b"\x01" * 90, state=0x7F, attrs=0xFFFFFFFF)
+    else:  # the header of the next variable torn after its first byte
+        tail = b"\xaa"
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables() + [tail]))
+    before = path.read_bytes()
+    assert not edk2_sees(before)[2]
+    rc, out, err = run(capsys, "--varstore", str(path), "--json")
+    assert rc == 1 and json.loads(out)["reports"][0]["verdict"] == "action-needed", err
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
+    assert rc == 0 and "added" in out, err
+    after = path.read_bytes()
+    assert_edk2_sees_the_fix(before, after, fakes)
+    assert "Boot0007".encode("utf-16-le") not in after[: STORE_AT + 0x3FFB8]
+    assert backups(path)
+
+
+def test_a_half_written_name_size_does_not_hide_the_keys(tmp_path, capsys):
+    """A VAR_HEADER_VALID_ONLY variable with an odd or huge NameSize is stepped over by
+    its sizes, as edk2 does: the check read none of the later variables and said setup
+    mode (exit 3)."""
+    for name_size in (17, 18, 2000):
+        blob = bytearray(variable("Boot0007", b"\x01" * 90, state=0x7F)[:60])
+        struct.pack_into("<I", blob, 36, name_size)
+        blob += b"\x01" * (name_size + 90)
+        blob += b"\xff" * (-len(blob) % 4)
+        variables = ms_variables()
+        path = tmp_path / f"VARS{name_size}.fd"
+        path.write_bytes(make_store(variables[:1] + [bytes(blob)] + variables[1:]))
+        seen = sorted(edk2_sees(path.read_bytes())[0])
+        assert seen == ["CustomMode", "KEK", "PK", "db", "dbx"], name_size
+        rc, out, err = run(capsys, "--varstore", str(path), "--json")
+        report = json.loads(out)["reports"][0]
+        assert rc == 1 and report["verdict"] == "action-needed", (name_size, err)
+
+
+def test_bytes_after_the_last_finished_variable_are_damage(tmp_path, capsys, fakes):
+    """Not what a power-off leaves: exit 2 for the check and for --fix, nothing written."""
+    path = tmp_path / "VARS.fd"
+    path.write_bytes(make_store(ms_variables() + [b"\xff" * 64 + b"garbage"]))
+    original = path.read_bytes()
+    rc, out, err = run(capsys, "--varstore", str(path))
+    assert rc == 2 and "after the last variable" in err
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
+    assert rc == 2 and out == "" and path.read_bytes() == original and backups(path) == []
 
 
 def test_a_broken_descriptor_leaves_no_template(tmp_path, capsys):
