@@ -1452,3 +1452,30 @@ def test_a_broken_descriptor_leaves_no_template(tmp_path, capsys):
     (root / "usr/share/qemu/firmware/70-broken.json").write_text("{")
     rc, out, err = run(capsys, "--libvirt", "--root", str(root))
     assert rc == 2 and "70-broken.json is not a firmware descriptor libvirt can read" in out
+
+
+def test_one_vm_that_cannot_be_written_does_not_stop_the_others(tmp_path, capsys, fakes):
+    """An OSError while creating one VM's NVRAM (here: its directory does not exist)
+    aborted the whole --libvirt --fix with exit 2 and nothing on stdout, after another
+    VM had been written."""
+    root = never_started_host(
+        tmp_path, "", LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/a.fd")
+    )
+    missing = LOADER.format(code=CODE, fmt="", path="/srv/vms/zzz_VARS.fd")
+    (root / "etc/libvirt/qemu/zzz.xml").write_text(
+        DOMAIN_XML.format(name="zzz", uuid=uuid.uuid4(), firmware="", loader=missing)
+    )
+    rc, out, err = run(
+        capsys, "--libvirt", "--root", str(root), "--fix", "--json", *cert_args(fakes)
+    )
+    assert rc == 2, err
+    new, zzz = json.loads(out)["domains"]
+    assert new["fix"]["written"] and (root / "var/lib/libvirt/qemu/nvram/a.fd").is_file()
+    assert len(new["fix"]["added"]) == 4 and new["exit_status"] != 2
+    assert zzz["exit_status"] == 2 and "fix" not in zzz
+    assert zzz["skipped"] == (
+        "refused: cannot write /srv/vms/zzz_VARS.fd: No such file or directory"
+    )
+    assert not (root / "srv").exists()
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert rc == 2 and "not fixed: refused: cannot write /srv/vms/zzz_VARS.fd" in out

@@ -555,8 +555,13 @@ def create_from_template(
     plan = fix.plan_fix(data, str(template), certs)
     result = plan.as_json()
     result.update(
-        {"path": str(path), "format": "raw", "backup": None, "written": False,
-         "created_from": str(template)}
+        {
+            "path": str(path),
+            "format": "raw",
+            "backup": None,
+            "written": False,
+            "created_from": str(template),
+        }
     )
     if dry_run:
         return result
@@ -674,6 +679,11 @@ def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
                 entry[key] = after.get(key)
     except Error as exc:
         entry["skipped"] = f"refused: {exc}"
+        entry["exit_status"] = EXIT_ERROR
+    except OSError as exc:
+        # This VM's file could not be written (no such directory, the template gone,
+        # a read-only file system): its error, and the other VMs are still fixed.
+        entry["skipped"] = f"refused: cannot write {domain.nvram}: {exc.strerror or exc}"
         entry["exit_status"] = EXIT_ERROR
 
 
