@@ -1479,3 +1479,58 @@ def test_one_vm_that_cannot_be_written_does_not_stop_the_others(tmp_path, capsys
     assert not (root / "srv").exists()
     rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
     assert rc == 2 and "not fixed: refused: cannot write /srv/vms/zzz_VARS.fd" in out
+
+
+FAKE_VIRSH = """#!/bin/sh
+# virsh as libvirt 9-11 answers: 'gone' stops (a transient domain) between 'list' and
+# 'dumpxml', for which virshLookupDomainInternal() prints only "failed to get domain";
+# 'broken' is still there but its definition cannot be read.
+shift 2
+case "$1" in
+list)
+    case "$*" in *--state-shutoff*|*--with-managed-save*) exit 0;; esac
+    [ -e "$STATE/gone" ] || echo {gone}
+    echo {broken}
+    case "$*" in *--transient*) ;; *) echo {good};; esac
+    exit 0;;
+dumpxml)
+    case "$2" in
+    {good}) cat "$STATE/good.xml"; exit 0;;
+    {gone}) touch "$STATE/gone";;
+    esac
+    echo "error: failed to get domain '$2'" >&2; exit 1;;
+domname)
+    [ "$2" = {broken} ] && echo broken-vm && exit 0
+    echo "error: failed to get domain '$2'" >&2; exit 1;;
+esac
+exit 1
+"""
+
+
+def test_a_domain_gone_between_list_and_dumpxml_is_skipped(tmp_path, monkeypatch):
+    """Real virsh never says "Domain not found" there: the domain that went away was an
+    error verdict (exit 2); the one whose definition cannot be read is named by its name
+    and not said to be persistent when libvirt lists it as transient."""
+    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    ids = {k: str(uuid.uuid4()) for k in ("gone", "broken", "good")}
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "virsh").write_text(FAKE_VIRSH.format(**ids))
+    (bindir / "virsh").chmod(0o755)
+    (tmp_path / "good.xml").write_text(
+        DOMAIN_XML.format(name="good", uuid=ids["good"], firmware="", loader="")
+    )
+    monkeypatch.setenv("STATE", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    domains, source = libvirt.read_domains(Path("/"))
+    assert source["source"] == "libvirt"
+    assert source["note"] == (
+        "not checked, gone while they were read (transient domains that stopped): " + ids["gone"]
+    )
+    broken, good = domains
+    assert good.name == "good" and good.error is None and good.transient is False
+    assert broken.name == "broken-vm" and broken.transient is True
+    assert broken.error == f"virsh dumpxml {ids['broken']}: error: failed to get domain " + (
+        f"'{ids['broken']}'"
+    )
+    assert "note: not checked, gone" in libvirt.render([], False, source)

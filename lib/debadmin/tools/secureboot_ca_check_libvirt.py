@@ -178,40 +178,62 @@ def virsh_uuids(*flags: str) -> List[str]:
     return lines
 
 
-def domains_from_libvirt() -> List[Domain]:
+def still_listed(domain_uuid: str) -> Optional[bool]:
+    """Whether libvirt still lists the domain; None when it cannot be asked."""
+    try:
+        return domain_uuid in virsh_uuids("--all")
+    except (Error, OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def domain_name(domain_uuid: str) -> Optional[str]:
+    """The domain's name (virsh domname), for an entry whose definition was not read."""
+    try:
+        result = virsh("domname", domain_uuid)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    name = result.stdout.decode("utf-8", "replace").strip()
+    return name if not result.returncode and name and "\n" not in name else None
+
+
+def domains_from_libvirt() -> Tuple[List[Domain], List[str]]:
     """Every qemu:///system domain, transient ones too, as libvirt itself describes them
-    (virsh dumpxml: the running definition of a running domain). Error when libvirt
-    cannot be asked."""
+    (virsh dumpxml: the running definition of a running domain), and the UUIDs of those
+    that went away while they were read. Error when libvirt cannot be asked."""
     every = virsh_uuids("--all")
     off = set(virsh_uuids("--all", "--state-shutoff"))
     transient = set(virsh_uuids("--all", "--transient"))
     saved = set(virsh_uuids("--all", "--with-managed-save"))
-    domains = []
+    domains, gone = [], []
     for domain_uuid in every:
         where = f"virsh dumpxml {domain_uuid}"
         result = virsh("dumpxml", domain_uuid)
+        error = None
         if result.returncode:
+            # virsh says only "error: failed to get domain 'UUID'" for a domain undefined
+            # meanwhile (virshLookupDomainInternal resets libvirt's error): asked again.
+            if still_listed(domain_uuid) is False:
+                gone.append(domain_uuid)  # a transient one that stopped
+                continue
             message = result.stderr.decode("utf-8", "replace").strip().splitlines()
-            if "Domain not found" in (message[0] if message else ""):
-                continue  # undefined meanwhile (a transient one that stopped)
             error = f"{where}: {message[0] if message else result.returncode}"
-            domains.append(Domain(domain_uuid, where, None, error))
-            continue
-        if len(result.stdout) > MAX_XML:
-            domains.append(Domain(domain_uuid, where, None, f"{where}: larger than 1 MiB"))
-            continue
-        try:
-            domain = parse_domain(check_xml_text(result.stdout, where), where, domain_uuid)
-        except Error as exc:
-            domains.append(Domain(domain_uuid, where, None, str(exc)))
-            continue
-        if domain is None:
-            continue
+        elif len(result.stdout) > MAX_XML:
+            error = f"{where}: larger than 1 MiB"
+        else:
+            try:
+                domain = parse_domain(check_xml_text(result.stdout, where), where, domain_uuid)
+            except Error as exc:
+                error = str(exc)
+            else:
+                if domain is None:
+                    continue
+        if error is not None:
+            domain = Domain(domain_name(domain_uuid) or domain_uuid, where, None, error)
         domain.state = "shut off" if domain_uuid in off else "running"
         domain.transient = domain_uuid in transient
         domain.managed_save = domain_uuid in saved
         domains.append(domain)
-    return sorted(domains, key=lambda d: d.name)
+    return sorted(domains, key=lambda d: d.name), gone
 
 
 def read_domains(root: Path) -> Tuple[List[Domain], dict]:
@@ -224,7 +246,14 @@ def read_domains(root: Path) -> Tuple[List[Domain], dict]:
         why = "virsh is not installed (libvirt-clients)"
     else:
         try:
-            return domains_from_libvirt(), {"source": "libvirt", "connect": CONNECT, "note": None}
+            domains, gone = domains_from_libvirt()
+            note = None
+            if gone:
+                note = (
+                    f"not checked, gone while they were read (transient domains that "
+                    f"stopped): {', '.join(gone)}"
+                )
+            return domains, {"source": "libvirt", "connect": CONNECT, "note": note}
         except subprocess.TimeoutExpired:
             why = "virsh did not answer within 60 s"
         except OSError as exc:
@@ -597,6 +626,8 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
     out = []
     if source["source"] == "libvirt":
         out.append(f"domains from libvirt ({source['connect']})")
+        if source["note"]:
+            out.append(f"note: {source['note']}")
     else:
         out.append(f"domains from files: {source['note']}")
     for entry in entries:
