@@ -1534,3 +1534,37 @@ def test_a_domain_gone_between_list_and_dumpxml_is_skipped(tmp_path, monkeypatch
         f"'{ids['broken']}'"
     )
     assert "note: not checked, gone" in libvirt.render([], False, source)
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        "    <loader stateless='yes'/>\n",
+        "    <loader type='rom'/>\n",
+        "    <loader readonly='yes' type='rom'>/usr/share/OVMF/OVMF.fd</loader>\n",
+    ],
+)
+def test_stateless_and_rom_loaders_have_no_nvram(tmp_path, capsys, fakes, loader):
+    """libvirt gives such a loader no NVRAM file: it had a made-up NAME_VARS.fd and a
+    template's action-needed verdict that --fix could never clear."""
+    root = never_started_host(tmp_path, " firmware='efi'", loader)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    (domain,) = json.loads(out)["domains"]
+    assert rc == 3 and domain["verdict"] == "no-nvram" and domain["nvram"] is None, out
+    assert "no NVRAM file" in domain["reason"] and "template" not in domain
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    assert rc == 3 and "domain new (shut off): no UEFI NVRAM (" in out, out
+    assert "keeps no variables between boots" in out
+    assert list((root / "var/lib/libvirt/qemu/nvram").iterdir()) == []
+
+
+def test_stateless_loader_matches_no_flash_template(tmp_path):
+    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    os_element = libvirt.ElementTree.fromstring(
+        "<os firmware='efi'><type arch='x86_64' machine='pc-q35-7.2'>hvm</type>"
+        "<loader stateless='yes'/></os>"
+    )
+    document = json.loads((FIRMWARE / "50-edk2-x86_64-secure.json").read_text())
+    assert not libvirt.descriptor_matches(document, os_element, (False, False))
+    os_element.remove(os_element.find("loader"))
+    assert libvirt.descriptor_matches(document, os_element, (False, False))

@@ -51,6 +51,7 @@ class Domain:
     transient: bool = False
     managed_save: bool = False
     pm: Tuple[bool, bool] = (False, False)  # <pm> suspend-to-mem, suspend-to-disk enabled
+    no_nvram: Optional[str] = None  # why a UEFI domain has no NVRAM file at all
 
 
 def check_xml_text(blob: bytes, where: str) -> ElementTree.Element:
@@ -91,6 +92,23 @@ def template_problem(path_text: str) -> Optional[str]:
     return None
 
 
+def stateless_reason(loader: Optional[ElementTree.Element]) -> Optional[str]:
+    """Why a loader never has an NVRAM file (libvirt: a stateless loader, or one loaded
+    as a ROM), or None."""
+    if loader is None:
+        return None
+    if loader.get("stateless") == "yes":
+        what = "stateless firmware (<loader stateless='yes'>)"
+    elif loader.get("type") == "rom":
+        what = "firmware loaded as a ROM (<loader type='rom'>)"
+    else:
+        return None
+    return (
+        f"{what}: no NVRAM file, the VM keeps no variables between boots; its keys are "
+        "the firmware image's own, which --fix does not change"
+    )
+
+
 def parse_domain(tree: ElementTree.Element, where: str, fallback: str) -> Optional[Domain]:
     """A Domain from a <domain> element (a file in /etc/libvirt/qemu or virsh dumpxml)."""
     if tree.tag != "domain":
@@ -122,14 +140,27 @@ def parse_domain(tree: ElementTree.Element, where: str, fallback: str) -> Option
             and (loader.text or "").strip()
         )
     )
-    if path_text is None and uses_pflash:
+    no_nvram = stateless_reason(loader)
+    if no_nvram:
+        path_text = None  # libvirt gives such a loader no NVRAM (and refuses one named)
+    elif path_text is None and uses_pflash:
         # No file chosen yet: the one libvirt names NVRAM_DIR/NAME_VARS.fd at the first start.
         path_text = f"{NVRAM_DIR}/{name}_VARS.fd"
     pm = tuple(
         tree.find(f"pm/{kind}") is not None and tree.find(f"pm/{kind}").get("enabled") == "yes"
         for kind in ("suspend-to-mem", "suspend-to-disk")
     )
-    return Domain(name, where, path_text, None, template, os_element, nvram_format, pm=pm)
+    return Domain(
+        name,
+        where,
+        path_text,
+        None,
+        template,
+        os_element,
+        nvram_format,
+        pm=pm,
+        no_nvram=no_nvram,
+    )
 
 
 def domains_from_files(root: Path) -> List[Domain]:
@@ -312,6 +343,10 @@ def tristate(element: Optional[ElementTree.Element], name: str) -> Optional[bool
 def descriptor_matches(document: dict, os_element: ElementTree.Element, pm) -> bool:
     """libvirt's qemuFirmwareMatchDomain, for what decides a UEFI flash template."""
     loader = os_element.find("loader")
+    if stateless_reason(loader):
+        # libvirt matches these to a 'stateless' flash or a 'memory' descriptor only:
+        # neither has an NVRAM template.
+        return False
     mapping = document.get("mapping")
     if not isinstance(mapping, dict) or mapping.get("device") != "flash":
         return False
@@ -492,6 +527,8 @@ def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
         return error_entry(entry, domain.error)
     if domain.nvram is None:
         entry.update({"verdict": "no-nvram", "exit_status": 3})
+        if domain.no_nvram:
+            entry["reason"] = domain.no_nvram
         return entry
     problem = nvram_problem(domain.nvram)
     if problem:
@@ -638,7 +675,10 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
         if "running" not in entry and entry["verdict"] == "error":
             head = f"domain {entry['domain']}: "  # its state was not looked at
         if entry["verdict"] == "no-nvram":
-            out.append(head + "no UEFI NVRAM (BIOS boot or no <nvram> element)")
+            out.append(
+                head
+                + f"no UEFI NVRAM ({entry.get('reason') or 'BIOS boot or no <nvram> element'})"
+            )
         elif entry["verdict"] == "error":
             out.append(head + f"error: {entry['error']}")
         else:
