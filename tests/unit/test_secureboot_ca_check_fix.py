@@ -1568,3 +1568,44 @@ def test_stateless_loader_matches_no_flash_template(tmp_path):
     assert not libvirt.descriptor_matches(document, os_element, (False, False))
     os_element.remove(os_element.find("loader"))
     assert libvirt.descriptor_matches(document, os_element, (False, False))
+
+
+def test_template_links_under_root_stay_in_root(tmp_path, capsys, fakes):
+    """Under --root, a template that is a symbolic link (Debian's /usr/share/OVMF has
+    such links) was followed out of the tree: this host's file was judged, and --fix
+    built the VM's NVRAM from it."""
+    root = never_started_host(
+        tmp_path, "", LOADER.format(code=CODE, fmt="", path="/var/lib/libvirt/qemu/nvram/a.fd")
+    )
+    ovmf = root / "usr/share/OVMF"
+    marked = make_store([variable("OnlyInRoot", b"\1")] + ms_variables())
+    (ovmf / "OVMF_VARS_4M.ms.fd").write_bytes(marked)
+    (ovmf / "abs.fd").symlink_to("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+    (ovmf / "escape.fd").symlink_to("../../../../../../../../../../etc/hostname")
+    (root / "etc/passwd").write_text("x")  # a file the host has, with other contents
+    (ovmf / "passwd.fd").symlink_to("/etc/passwd")
+    for name in ("abs", "escape", "passwd"):
+        loader = LOADER.format(code=CODE, fmt="", path=f"/var/lib/libvirt/qemu/nvram/{name}.fd")
+        loader = loader.replace("OVMF_VARS_4M.ms.fd", f"{name}.fd")
+        (root / f"etc/libvirt/qemu/{name}.xml").write_text(
+            DOMAIN_XML.format(name=name, uuid=uuid.uuid4(), firmware="", loader=loader)
+        )
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    domains = {d["domain"]: d for d in json.loads(out)["domains"]}
+    assert domains["abs"]["verdict"] == "action-needed", domains["abs"]
+    assert domains["abs"]["report"]["source"]["path"] == str(ovmf / "OVMF_VARS_4M.ms.fd")
+    assert domains["escape"]["error"] == f"template {root}/etc/hostname: no such file"
+    assert domains["passwd"]["error"].startswith(f"{root}/etc/passwd: ")
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", *cert_args(fakes))
+    made = root / "var/lib/libvirt/qemu/nvram/abs.fd"
+    assert "OnlyInRoot".encode("utf-16-le") in made.read_bytes(), out
+
+
+def test_nvram_directory_links_under_root_stay_in_root(tmp_path, capsys):
+    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    (tmp_path / "var/lib").mkdir(parents=True)
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "var/lib/libvirt").symlink_to("/srv")
+    domain = libvirt.Domain("x", "x.xml", "/var/lib/libvirt/x_VARS.fd")
+    assert libvirt.nvram_path(domain, tmp_path) == tmp_path / "srv/x_VARS.fd"
+    assert libvirt.in_root(Path("/"), "/usr/share/OVMF/x") == Path("/usr/share/OVMF/x")

@@ -321,13 +321,14 @@ def descriptors(root: Path) -> List[Tuple[str, Optional[dict]]]:
                 chosen[name] = root / directory / name
     out = []
     for name in sorted(chosen):
-        path = chosen[name]
+        shown = "/" + str(chosen[name].relative_to(root))
         try:
+            path = in_root(root, shown)
             if path.stat().st_size == 0:
-                continue  # masked
-        except OSError:
+                continue  # masked (an empty file, or a link to /dev/null)
+        except (OSError, Error):
             continue
-        out.append(("/" + str(path.relative_to(root)), read_descriptor(path)))
+        out.append((shown, read_descriptor(path)))
     return out
 
 
@@ -469,8 +470,44 @@ def saved_state(domain: Domain, root: Path) -> Optional[str]:
     return None
 
 
+def in_root(root: Path, path_text: str) -> Path:
+    """path_text (absolute) inside root with its symbolic links resolved as a chroot
+    would: an absolute target starts again at root, '..' stops there. Debian's
+    /usr/share/OVMF and /usr/share/AAVMF hold such links; followed as they are, one in
+    another tree would open this host's file. Without --root, the path itself."""
+    if root == Path("/"):
+        return Path(path_text)
+    parts = [p for p in path_text.split("/") if p]
+    resolved: List[str] = []
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        try:
+            target = os.readlink(root.joinpath(*resolved, part))
+        except OSError:  # not a link, or nothing there: taken as it is
+            resolved.append(part)
+            continue
+        links += 1
+        if links > 40:
+            raise Error(f"{path_text}: too many levels of symbolic links under {root}")
+        if target.startswith("/"):
+            resolved = []
+        parts = [p for p in target.split("/") if p] + parts
+    return root.joinpath(*resolved)
+
+
 def nvram_path(domain: Domain, root: Path) -> Path:
-    return root / domain.nvram.lstrip("/")
+    """The NVRAM file under root: its directory resolved inside root, the file itself not
+    (--fix refuses a symbolic link there)."""
+    path_text = domain.nvram.rstrip("/")
+    parent, _, name = path_text.rpartition("/")
+    return in_root(root, parent or "/") / name
 
 
 def read_running(path: Path) -> bytes:
@@ -500,14 +537,14 @@ def check_template(domain: Domain, entry: dict, root: Path, now: datetime.dateti
     problem = template_problem(template)
     if problem:
         return error_entry(entry, f"template {template}: {problem}")
-    path = root / template.lstrip("/")
     try:
+        path = in_root(root, template)
         variables = efi.parse_varstore(fix.read_nvram(path), str(path))
         report = sbc.build_report("varstore", str(path), variables, [], root, now)
     except FileNotFoundError:
-        return error_entry(entry, f"template {path}: no such file")
+        return error_entry(entry, f"template {in_root(root, template)}: no such file")
     except OSError as exc:
-        return error_entry(entry, f"cannot read template {path}: {exc.strerror}")
+        return error_entry(entry, f"cannot read template {template}: {exc.strerror}")
     except Error as exc:
         return error_entry(entry, str(exc))
     entry.update(
@@ -540,7 +577,8 @@ def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
         return check_template(domain, entry, root, now)
     entry["nvram_exists"] = True
     try:
-        data = read_running(path) if entry["running"] else fix.read_nvram(path)
+        read = in_root(root, domain.nvram)  # a link there is followed, inside root
+        data = read_running(read) if entry["running"] else fix.read_nvram(read)
         variables = efi.parse_varstore(data, str(path))
         report = sbc.build_report("varstore", str(path), variables, [], root, now)
     except FileNotFoundError:
@@ -736,7 +774,7 @@ def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
             if reason:
                 entry["skipped"] = reason
                 return
-            template = root / entry["template"].lstrip("/")
+            template = in_root(root, entry["template"])
             entry["fix"] = create_from_template(
                 nvram_path(domain, root), template, certs, dry_run, root
             )
