@@ -1917,7 +1917,7 @@ def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
     snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
     values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
     # Keys of --fix and --libvirt output, which test_secureboot_ca_check_fix checks.
-    fix_keys = {"dry_run", "saved_state"}
+    fix_keys = {"dry_run", "saved_state", "nvram_exists", "template_from", "created_from"}
     assert snake - keys - values - fix_keys == set()
 
 
@@ -2062,3 +2062,32 @@ def test_thousands_of_unreadable_entries_are_counted_not_listed(tmp_path, capsys
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
     unreadable = [f for f in doc["findings"] if f["code"] == "unreadable"]
     assert rc == 1 and len(unreadable) == 2 * (efi.MAX_PROBLEMS + 1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        [],
+        {"a": [], "b": {}, "c": [1, "x", None], "d": [{"e": True}], "f": {"g": [[]]}},
+        [[1], {"k": "\u00e9\u043e"}, "s"],
+        "plain",
+        None,
+    ],
+)
+def test_json_text_is_the_same_document_as_json_dumps(value):
+    text = sbc.json_text(value)
+    assert json.loads(text) == value
+    if isinstance(value, (dict, list)) and value:
+        assert text.splitlines()[0] in ("{", "[")
+
+
+def test_json_text_of_a_real_report_one_certificate_a_line(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", supermicro_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    text = sbc.json_text(doc)
+    assert json.loads(text) == doc
+    assert text == sbc.json_text(json.loads(json.dumps(doc, indent=2)))
+    lines = text.splitlines()
+    cert = doc["reports"][0]["variables"]["KEK"]["certificates"][0]
+    assert any(line.strip().startswith('{"subject": ') for line in lines), cert

@@ -475,6 +475,8 @@ PLAIN_VARIABLE_GUID = "ddcf3616-3275-4164-98b6-fe85707ffe7d"
 VAR_START_ID = 0x55AA
 VAR_ADDED = 0x3F
 VAR_IN_DELETED_TRANSITION = 0xFE
+# Still set in VAR_HEADER_VALID_ONLY (0x7F) and an erased 0xFF, clear from VAR_ADDED on.
+VAR_UNFINISHED = 0x40
 # A variable being replaced: its new copy is not yet VAR_ADDED (what a VM killed
 # mid-update leaves).  edk2 uses it when no VAR_ADDED copy exists.
 VAR_ADDED_IN_DELETED_TRANSITION = VAR_ADDED & VAR_IN_DELETED_TRANSITION  # 0x3E
@@ -561,6 +563,7 @@ def parse_store_header(data: bytes, source: str) -> Tuple[int, int, bool]:
     return start, header_length + store_size, guid_str(store_guid) == AUTH_VARIABLE_GUID
 
 
+ALL_ONES = 0xFFFFFFFF
 AUTH_HEADER = struct.Struct("<HBBIQ16sIII16s")
 PLAIN_HEADER = struct.Struct("<HBBIII16s")
 # The variables the report reads, as a varstore spells them: UTF-16 name with its NUL,
@@ -571,32 +574,68 @@ WANTED_RAW = {
 }
 
 
-def walk_variables(
-    data: bytes, offset: int, end: int, authenticated: bool, source: str
-) -> Iterator[Tuple[int, int, int, str, int, int]]:
-    """(offset, state, attributes, name, data offset, data size) of each valid copy
-    (VAR_ADDED or VAR_ADDED & VAR_IN_DELETED_TRANSITION) of a variable the report reads.
+@dataclass
+class WalkEnd:
+    """Where edk2's walk of a store ends (its NonVolatileLastVariableOffset, where it
+    writes the next variable), and whether the rest of the store is erased; when it is
+    not, edk2 reclaims at its next start (VariableWriteServiceInitialize) and keeps only
+    the variables its walk found."""
 
-    Every header is checked; the loop is kept lean because a crafted 64 MiB store holds
-    a million of them.
+    offset: int = 0
+    erased: bool = True
+
+
+def walk_variables(
+    data: bytes,
+    offset: int,
+    end: int,
+    authenticated: bool,
+    source: str,
+    every: bool = False,
+    walk_end: Optional[WalkEnd] = None,
+) -> Iterator[tuple]:
+    """(offset, state, attributes, name, data offset, data size) of each valid copy
+    (VAR_ADDED or VAR_ADDED & VAR_IN_DELETED_TRANSITION) of a variable the report reads;
+    with every, (offset, state, attributes, raw name, raw vendor, data offset, data size)
+    of every header the walk steps on.
+
+    The walk is edk2's (VariableParsing.c: IsValidVariableHeader, GetNextVariablePtr):
+    it goes on while a header starts with 0x55AA, and steps over a header whose State or
+    NameSize, DataSize or Attributes is all ones by the header alone (NameSizeOfVariable
+    and DataSizeOfVariable count 0 there), over any other by its sizes; no padding
+    between name and data (ALIGNMENT is 1 on x86 and ARM, 8 only on Itanium), the next
+    header 4-aligned.  Every header is checked; the loop is kept lean because a crafted
+    64 MiB store holds a million of them.
     """
     header = AUTH_HEADER if authenticated else PLAIN_HEADER
     header_size = header.size
     unpack = header.unpack_from
     valid = (VAR_ADDED, VAR_ADDED_IN_DELETED_TRANSITION)
+    unfinished = False
     while offset + header_size <= end:
         fields = unpack(data, offset)
         if fields[0] != VAR_START_ID:
-            if fields[0] == 0xFFFF:
-                return  # the erased rest of the store
-            raise Error(
-                f"{source}: corrupt variable header at byte {offset} (start 0x{fields[0]:04x})"
-            )
+            break
         # Both header layouts end in NameSize, DataSize, VendorGuid.
         state, attributes = fields[1], fields[3]
         name_size, data_size, vendor = fields[-3:]
+        # edk2 writes the header (State still 0xFF), sets VAR_HEADER_VALID_ONLY (0x7F),
+        # writes name and data, then sets VAR_ADDED: a variable not yet VAR_ADDED is a
+        # write a power-off (virsh destroy) cut short.  Its name and data may be
+        # unwritten; edk2 steps over it as above, and never reads its name.
+        unfinished = state & VAR_UNFINISHED
+        if unfinished:
+            if state == 0xFF or ALL_ONES in (name_size, data_size, attributes):
+                name_size = data_size = 0
+            data_at = offset + header_size + name_size
+            if every:
+                yield offset, state, attributes, b"", vendor, data_at, data_size
+            offset = (data_at + data_size + 3) & ~3
+            continue
         if name_size < 2 or name_size % 2 or name_size > 1024:
             raise Error(f"{source}: variable at byte {offset}: bad name size {name_size}")
+        if attributes == ALL_ONES:  # edk2 would step over it by its header alone
+            raise Error(f"{source}: variable at byte {offset}: attributes all ones")
         data_at = offset + header_size + name_size
         if data_size > end - data_at or data_at > end:
             raise Error(
@@ -605,13 +644,37 @@ def walk_variables(
             )
         if data[data_at - 2 : data_at] != b"\0\0":
             raise Error(f"{source}: variable at byte {offset}: name is not NUL-terminated")
-        if state in valid:
+        if every:
+            yield (
+                offset,
+                state,
+                attributes,
+                data[offset + header_size : data_at],
+                vendor,
+                data_at,
+                data_size,
+            )
+        elif state in valid:
             name = WANTED_RAW.get((data[offset + header_size : data_at], vendor))
             if name is not None:
                 yield offset, state, attributes, name, data_at, data_size
         offset = (data_at + data_size + 3) & ~3
-    if offset < end and data.count(b"\xff", offset, end) != end - offset:
-        raise Error(f"{source}: truncated variable header at byte {offset}")
+    erased = offset >= end or data.count(b"\xff", offset, end) == end - offset
+    if not erased and not unfinished:
+        # Not what a power-off leaves: after the last variable edk2 wrote in full, at
+        # most the header of the next one, torn (edk2's flash driver writes byte by byte).
+        torn_end = offset + header_size
+        if torn_end > end:
+            raise Error(f"{source}: truncated variable header at byte {offset}")
+        if data.count(b"\xff", torn_end, end) != end - torn_end:
+            start_id = struct.unpack_from("<H", data, offset)[0]
+            if start_id == 0xFFFF:
+                raise Error(f"{source}: data after the last variable, from byte {offset}")
+            raise Error(
+                f"{source}: corrupt variable header at byte {offset} (start 0x{start_id:04x})"
+            )
+    if walk_end is not None:
+        walk_end.offset, walk_end.erased = min(offset, end), erased
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:

@@ -105,7 +105,8 @@ class Store:
     source: str
     start: int  # first variable header
     end: int  # end of the variable store
-    free: int  # first byte after the last variable header (4-aligned)
+    free: int  # where edk2's walk ends, and writes its next variable
+    erased: bool = True  # the rest of the store erased (else edk2 reclaims at its start)
     fv_end: int = 0  # end of the firmware volume: what follows is copied as it is
     slots: List[Slot] = field(default_factory=list)
 
@@ -157,27 +158,16 @@ def walk_store(data: bytes, source: str, ftw: bool = True) -> Store:
         raise Error(f"{source}: not an authenticated variable store: cannot hold KEK or db")
     end = header_length + store_size
     store = Store(data, source, align4(header_length + 28), end, 0, fv_length)
-    offset = store.start
-    while offset + VAR_HEADER.size <= end:
-        if struct.unpack_from("<H", data, offset)[0] == 0xFFFF:
-            break
-        fields = VAR_HEADER.unpack_from(data, offset)
-        state, attributes, name_size, data_size = fields[1], fields[3], fields[7], fields[8]
-        name_at = offset + VAR_HEADER.size
-        # parse_varstore checked sizes, termination and encoding of every header.
-        name = data[name_at : name_at + name_size - 2].decode("utf-16-le")
-        slot = Slot(
-            offset,
-            state,
-            attributes,
-            name,
-            efi.guid_str(fields[9]),
-            name_at + name_size,
-            data_size,
-        )
+    walk_end = efi.WalkEnd()
+    for offset, state, attributes, raw_name, vendor, data_at, data_size in efi.walk_variables(
+        data, store.start, end, True, source, every=True, walk_end=walk_end
+    ):
+        # parse_varstore checked sizes, termination and encoding of every finished
+        # header; an unfinished one has no name here (edk2 never reads it).
+        name = raw_name[:-2].decode("utf-16-le", "replace")
+        slot = Slot(offset, state, attributes, name, efi.guid_str(vendor), data_at, data_size)
         store.slots.append(slot)
-        offset = align4(slot.end)
-    store.free = min(offset, end)
+    store.free, store.erased = walk_end.offset, walk_end.erased
     if ftw:
         check_ftw(data, end, fv_length, source)
     return store
@@ -264,7 +254,10 @@ def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
             raise Error(f"{store.source}: {key[0]} is not in the store")
         blobs.append(variable_blob(store.data[old.offset : old.data_at], new_data, key[0]))
     needed = sum(map(len, blobs))
-    if store.free + needed <= store.end:
+    # Appended where edk2 appends its next variable, when the rest of the store is free;
+    # when it is not (a write a power-off cut short left bytes after where edk2's walk
+    # ends), edk2 reclaims at its next start and would drop anything appended there.
+    if store.erased and store.free + needed <= store.end:
         data[store.free : store.free + needed] = b"".join(blobs)
         # The old copy, and as UpdateVariable does an in-transition copy beside it too.
         for slot in store.slots:
@@ -274,19 +267,30 @@ def rewrite(store: Store, updates: Dict[Tuple[str, str], bytes]) -> bytes:
             ):
                 data[slot.offset + 2] &= efi.VAR_IN_DELETED_TRANSITION & VAR_DELETED
         return bytes(data)
-    # Reclaim: keep what edk2 keeps (VAR_ADDED, and an in-transition copy without one).
-    kept = []
-    replaced = {old.offset for old in olds.values()}
+    # Reclaim as edk2's Reclaim(): the VAR_ADDED variables its walk finds, in order,
+    # then each VAR_ADDED & VAR_IN_DELETED_TRANSITION one with no VAR_ADDED copy kept
+    # (the first, promoted to VAR_ADDED), then the updated ones.  Whatever the walk does
+    # not reach (a cut-short write and anything after it) is dropped, as edk2 drops it.
+    added, promoted, seen = [], [], set()
     for slot in store.slots:
-        if slot.offset in replaced:
-            continue
-        if slot.state == efi.VAR_ADDED or (
-            slot.state == efi.VAR_ADDED_IN_DELETED_TRANSITION
-            and store.current(slot.name, slot.guid) is slot
+        key = (slot.name, slot.guid)
+        if key not in updates and slot.state == efi.VAR_ADDED:
+            added.append(slot)
+            seen.add(key)
+    for slot in store.slots:
+        key = (slot.name, slot.guid)
+        if (
+            key not in updates
+            and key not in seen
+            and slot.state == efi.VAR_ADDED_IN_DELETED_TRANSITION
         ):
-            raw = bytearray(store.data[slot.offset : align4(slot.end)])
-            raw[2] = efi.VAR_ADDED
-            kept.append(bytes(raw))
+            promoted.append(slot)
+            seen.add(key)
+    kept = []
+    for slot in added + promoted:
+        raw = bytearray(store.data[slot.offset : align4(slot.end)])
+        raw[2] = efi.VAR_ADDED
+        kept.append(bytes(raw))
     body = b"".join(kept + blobs)
     if store.start + len(body) > store.end:
         raise Error(
@@ -493,11 +497,20 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
     if plan.updates:
         new = rewrite(store, plan.updates)  # bytes up to the end of the store
         # Read back what was built, as edk2 will: the same checks, the new data in place.
+        # Every variable the report reads is what edk2 saw before, or the new data, and
+        # edk2 finds the rest of the new store free (else it would reclaim it).
         check = efi.parse_varstore(readback_volume(new), source)
-        walk_store(readback_volume(new), source, ftw=False)
-        for (var, _guid), value in plan.updates.items():
-            if check[var].data != value or len(new) != store.end:
-                raise Error(f"{source}: internal error: the rewritten store does not read back")
+        expected = {
+            name: variable.data for name, variable in efi.parse_varstore(data, source).items()
+        }
+        expected.update({var: value for (var, _guid), value in plan.updates.items()})
+        readback = walk_store(readback_volume(new), source, ftw=False)
+        if (
+            {name: variable.data for name, variable in check.items()} != expected
+            or not readback.erased
+            or len(new) != store.end
+        ):
+            raise Error(f"{source}: internal error: the rewritten store does not read back")
         plan.new_bytes = (new, memoryview(data)[store.end :])
     return plan
 
