@@ -1605,3 +1605,45 @@ def test_rule_package_cache():
     assert info["size_bytes"] == 3 << 20 and "3.0 MiB of its 2048 MiB cap" in info["message"]
     (gone,) = sfd.rule_package_cache({"caches": [dict(cache, present=False)]})
     assert gone["code"] == "package-cache-missing" and gone["severity"] == "action"
+
+
+def test_acl_with_search_keeps_the_groups_rights():
+    # mode 0750, no ACL yet: u::rwx,u:100000:--x,g::r-x,m::r-x,o::---
+    data = sbs.acl_with_search(None, 0o750, 100000)
+    assert sbs.parse_acl(data) == [
+        (sbs.ACL_USER_OBJ, 7, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_USER, 1, 100000),
+        (sbs.ACL_GROUP_OBJ, 5, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_MASK, 5, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_OTHER, 0, sbs.ACL_UNDEFINED_ID),
+    ]
+    # an ACL that has a named user already: kept, the new one sorted in by id
+    again = sbs.acl_with_search(sbs.acl_granting(200000), 0o775, 100000)
+    users = [(p, i) for t, p, i in sbs.parse_acl(again) if t == sbs.ACL_USER]
+    assert users == [(1, 100000), (7, 200000)]
+    with pytest.raises(ValueError):
+        sbs.parse_acl(b"\x01\x00\x00\x00")
+
+
+def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
+    """trixie's useradd makes homes 0700: the chroot's root (a subordinate id) must be
+    able to search down to the cache, or sbuild-usernsexec's bind mount fails."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    cache = home / ".cache/sbuild/.sbuild-fast/debs"
+    sbs.ensure_cache_dir(cache, 100000)
+    assert str(home) in caplog.text
+    entries = sbs.parse_acl(os.getxattr(home, sbs.ACL_XATTR))
+    assert (sbs.ACL_USER, 1, 100000) in entries
+    assert stat.S_IMODE(home.stat().st_mode) == 0o710  # the mask shows as the group's x
+    # the directories made here are 0755: nothing to add on them
+    for made in (home / ".cache", home / ".cache/sbuild"):
+        with pytest.raises(OSError):
+            os.getxattr(made, sbs.ACL_XATTR)
+    caplog.clear()
+    sbs.ensure_cache_dir(cache, 100000)  # a second run changes nothing
+    assert str(home) not in caplog.text
+    if shutil.which("getfacl"):
+        out = subprocess.run(["getfacl", "-cpn", str(home)], capture_output=True, text=True)
+        assert "user:100000:--x" in out.stdout.split() and "group::---" in out.stdout.split()

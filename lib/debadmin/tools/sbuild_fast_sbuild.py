@@ -729,9 +729,67 @@ def acl_granting(uid: int) -> bytes:
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
+def parse_acl(data: bytes) -> List[Tuple[int, int, int]]:
+    """(tag, perm, id) entries of a POSIX ACL xattr."""
+    if len(data) < 4 or struct.unpack_from("<I", data)[0] != 2 or (len(data) - 4) % 8:
+        raise ValueError("not a version 2 POSIX ACL")
+    return [struct.unpack_from("<HHI", data, off) for off in range(4, len(data), 8)]
+
+
+def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
+    """The access ACL data (or, with none, the one mode makes) with search (x) for uid
+    added, the group's effective rights unchanged."""
+    if data:
+        entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
+    else:
+        entries = {
+            (ACL_USER_OBJ, ACL_UNDEFINED_ID): (mode >> 6) & 7,
+            (ACL_GROUP_OBJ, ACL_UNDEFINED_ID): (mode >> 3) & 7,
+            (ACL_OTHER, ACL_UNDEFINED_ID): mode & 7,
+        }
+    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
+    mask_key = (ACL_MASK, ACL_UNDEFINED_ID)
+    group = entries[(ACL_GROUP_OBJ, ACL_UNDEFINED_ID)]
+    entries[mask_key] = entries.get(mask_key, group) | 1
+    ordered = sorted(entries.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+    return struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", tag, perm, ident) for (tag, ident), perm in ordered
+    )
+
+
+def grant_search_path(directory: Path, uid: int) -> List[Path]:
+    """Let uid reach directory: search (x) through an ACL on each of the caller's own
+    directories above it that others cannot search (a home of mode 0700, trixie's
+    useradd default). In unshare mode sbuild resolves the bind mount's source as the
+    chroot's root, a subordinate id of the user's. Returns the directories changed."""
+    changed = []
+    for parent in directory.parents:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            break
+        if info.st_mode & 0o001:
+            continue
+        if info.st_uid != os.geteuid():
+            raise Error(f"{parent} is not searchable by the chroot's root and not the caller's")
+        try:
+            current: Optional[bytes] = os.getxattr(parent, ACL_XATTR)
+        except OSError:
+            current = None
+        if current and any(t == ACL_USER and i == uid and p & 1 for t, p, i in parse_acl(current)):
+            continue
+        try:
+            os.setxattr(parent, ACL_XATTR, acl_with_search(current, info.st_mode, uid))
+        except OSError as exc:
+            raise Error(f"cannot let uid {uid} search {parent}: {exc.strerror}") from None
+        changed.append(parent)
+    return changed
+
+
 def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
     """The cache directory, the caller's, mode 0755; writer: a uid that gets write access
-    through an ACL (an unshare-mode chroot's root). apt makes partial/ itself."""
+    through an ACL (an unshare-mode chroot's root), and search access to the caller's
+    directories above it. apt makes partial/ itself."""
     try:
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     except OSError as exc:
@@ -747,6 +805,8 @@ def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
                 f"cannot let the chroot's root (uid {writer}) write to {directory}: "
                 f"{exc.strerror} (a filesystem without POSIX ACLs? use --no-cache)"
             ) from None
+        for parent in grant_search_path(directory, writer):
+            log.warning("%s: search access for uid %d (the chroot's root) added", parent, writer)
 
 
 def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) -> Dict:
