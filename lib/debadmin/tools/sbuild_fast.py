@@ -55,10 +55,10 @@ EATMYDATA_HOOK = (
     f'"$t" > "$1{_WRAP_DIR}/$t" && chmod 755 "$1{_WRAP_DIR}/$t" || exit 1; done'
 )
 # The package cache shared across builds (sbs.CACHE_MOUNTPOINT, a host directory
-# bind-mounted by sbuild): apt downloads as root, so that the cached files are the
-# user's in unshare mode (its _apt is a subordinate id), and apt-get runs under flock on
-# the cache's lock file, so that builds sharing it wait for each other (apt's own lock
-# there fails at once) and update never prunes a file an install is about to read.
+# bind-mounted by sbuild): apt downloads as the chroot's root, to whom the directory is
+# open (its _apt is not), and apt-get runs under flock on the cache's lock file, so that
+# builds sharing it wait for each other (apt's own lock there fails at once) and update
+# never prunes a file an install is about to read.
 CACHE_WRAPPER_TAG = "# sbuild-fast: builds sharing the package cache take turns"
 # sbuild's resolver writes APT::Keep-Downloaded-Packages "false" (its
 # $apt_keep_downloaded_packages, off by default) into the file APT_CONFIG names; apt
