@@ -29,6 +29,8 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sbs, "tmpfs_unpack_template", lambda *args, **kwargs: None)
     # sbuild's own configuration is asked in the tests of sbuild_runs_lintian
     monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
+    # the chroot's root, to whom the package cache's ACL grants write access
+    monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
     cache = tmp_path / ".cache/sbuild"
     cache.mkdir(parents=True)
     return tmp_path
@@ -358,7 +360,12 @@ def test_create_places_tarball_and_state(home, monkeypatch, capsys):
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"new tarball"
     state = json.loads((cache / ".sbuild-fast/bookworm-amd64.json").read_text())
     assert state["include"] == ["dh-python"] and state["mode"] == "unshare"
-    assert sorted(os.listdir(cache / ".sbuild-fast")) == ["bookworm-amd64.json", "lock"]
+    assert sorted(os.listdir(cache / ".sbuild-fast")) == ["bookworm-amd64.json", "debs", "lock"]
+    # the package cache: the user's (apt makes partial/ in it)
+    debs = cache / ".sbuild-fast/debs"
+    assert debs.is_dir() and debs.stat().st_uid == os.geteuid()
+    assert os.getxattr(debs, sbs.ACL_XATTR) == sbs.acl_granting(100000)
+    assert state["cache"] is True
     out = capsys.readouterr().out
     assert "created" in out and sbs.CONFIG_BEGIN in out  # the block is printed, not written
     assert not (home / ".sbuildrc").exists()
@@ -1389,3 +1396,254 @@ def test_gather_times_the_modes_in_use(tmp_path):
     )
     assert calls == [("schroot", "bookworm-amd64-sbuild-fast")]
     assert facts["command_cost"] == {"schroot": 0.01}
+
+
+# --- the package cache shared across builds ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,size",
+    [("2G", 2 << 30), ("500M", 500 << 20), ("1.5GiB", 3 << 29), ("4096", 4096), ("64k", 65536)],
+)
+def test_parse_size(text, size):
+    assert sbs.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "2X", "-1G", "0", "G", "1e9"])
+def test_parse_size_refuses(text):
+    with pytest.raises(Error):
+        sbs.parse_size(text)
+
+
+def fill_cache(directory, sizes_ages, now):
+    """.debs of the given sizes last used the given number of days ago."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, (size, age) in enumerate(sizes_ages):
+        path = directory / f"p{index}_1.0_all.deb"
+        path.write_bytes(b"x" * size)
+        when = now - age * 86400
+        os.utime(path, (when, when))
+    return directory
+
+
+def test_prune_cache_removes_the_least_recently_used(tmp_path):
+    now = time.time()
+    cache = fill_cache(tmp_path / "debs", [(400, 1), (300, 30), (200, 10), (100, 0)], now)
+    (cache / "apt-lock").write_bytes(b"y" * 5000)  # not a .deb: never counted or removed
+    (cache / "partial").mkdir()
+    (cache / "partial/old.deb").write_bytes(b"z")
+    os.utime(cache / "partial/old.deb", (now - 2 * 86400, now - 2 * 86400))
+    (cache / "partial/new.deb").write_bytes(b"z")  # a download in progress
+    result = sbs.prune_cache(cache, 600, now)
+    # p1 (30 days) and p2 (10 days) go: 400 + 100 bytes are left, under the cap
+    assert sorted(os.listdir(cache)) == [
+        sbs.CACHE_LOCK, "apt-lock", "p0_1.0_all.deb", "p3_1.0_all.deb", "partial"
+    ]
+    assert result["removed_files"] == 2 and result["removed_bytes"] == 500
+    assert result["size_bytes"] == 500 and result["files"] == 2
+    assert os.listdir(cache / "partial") == ["new.deb"]
+    # under the cap: nothing more to do
+    assert sbs.prune_cache(cache, 600, now)["removed_files"] == 0
+
+
+def test_prune_cache_waits_for_a_build(tmp_path, monkeypatch):
+    """A build's apt-get holds the lock (flock(1) in the chroot): pruning waits, then
+    gives up and leaves everything in place."""
+    cache = fill_cache(tmp_path / "debs", [(100, 1), (100, 2)], time.time())
+    monkeypatch.setattr(sbs, "CACHE_LOCK_WAIT", 0.5)
+    holder = subprocess.Popen(["flock", "-o", str(cache / sbs.CACHE_LOCK), "sleep", "5"])
+    try:
+        for _ in range(50):
+            probe = subprocess.run(["flock", "-n", str(cache / sbs.CACHE_LOCK), "true"])
+            if probe.returncode:
+                break
+            time.sleep(0.1)
+        result = sbs.prune_cache(cache, 0)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result["skipped"] == "in use" and result["files"] == 2
+    assert sbs.prune_cache(cache, 0)["removed_files"] == 2
+
+
+def test_cache_dir_acl_lets_the_chroot_root_write(tmp_path):
+    """The directory stays the caller's; the ACL is what setfacl would write for
+    u::rwx,u:100000:rwx,g::r-x,m::rwx,o::r-x."""
+    cache = tmp_path / "debs"
+    sbs.ensure_cache_dir(cache, 100000)
+    assert cache.stat().st_uid == os.geteuid()
+    assert os.getxattr(cache, sbs.ACL_XATTR) == bytes.fromhex(
+        "02000000" "0100" "0700" "ffffffff" "0200" "0700" "a0860100"
+        "0400" "0500" "ffffffff" "1000" "0700" "ffffffff" "2000" "0500" "ffffffff"
+    )
+    if shutil.which("getfacl"):
+        out = subprocess.run(["getfacl", "-cpn", str(cache)], capture_output=True, text=True)
+        assert "user:100000:rwx" in out.stdout.split()
+
+
+def test_cache_dir_refuses_another_owners(tmp_path):
+    (tmp_path / "debs").symlink_to(tmp_path)
+    with pytest.raises(Error):
+        sbs.ensure_cache_dir(tmp_path / "debs")
+
+
+def test_subordinate_root(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/subuid").write_text("1000:300000:65536\nalice:200000:65536\nalice:1:2\n")
+    assert sbs.subordinate_root("alice", tmp_path) == 200000  # the first line of the name
+    assert sbs.subordinate_root("bob", tmp_path) is None
+
+
+@pytest.mark.parametrize("version", ["0.85.0", "0.89.3"])
+def test_config_block_binds_the_cache(version):
+    block = sbs.config_block("unshare", version, None, "/home/o'neil/.cache/sbuild/debs")
+    assert "{ directory => '/home/o\\'neil/.cache/sbuild/debs', mountpoint => " in block
+    # sbuild reads it for real (its configuration script is plain Perl): an entry of
+    # the user's own for another mount point stays, an older one for the cache goes
+    script = (
+        "my $unshare_bind_mounts = [{directory => '/a', mountpoint => '/b'},"
+        " {directory => '/old', mountpoint => '/var/cache/apt/archives'}];"
+        "my ($chroot_mode, $unshare_tmpdir_template, $unshare_mmdebstrap_auto_create);"
+        + block
+        + "\nprint join(' ', map { \"$_->{directory}:$_->{mountpoint}\" } @$unshare_bind_mounts);"
+    )
+    out = subprocess.run(["perl", "-e", script], capture_output=True, text=True, check=True)
+    assert out.stdout == "/a:/b /home/o'neil/.cache/sbuild/debs:/var/cache/apt/archives"
+    assert "unshare_bind_mounts" not in sbs.config_block("unshare", "0.84", None, "/c")
+    assert "unshare_bind_mounts" not in sbs.config_block("schroot", version, None, "/c")
+
+
+def test_schroot_conf_and_fstab_mount_the_cache(tmp_path):
+    text = sbs.schroot_conf(RECIPE, tmp_path, [], None, "sbuild-fast/fstab")
+    lines = text.splitlines()
+    assert lines.index("setup.fstab=sbuild-fast/fstab") > lines.index("profile=sbuild")
+    fstab = sbs.schroot_fstab("/proc /proc none rw,bind 0 0", Path("/var/cache/sbuild-fast/debs"))
+    assert fstab.splitlines()[0] == "/proc /proc none rw,bind 0 0"
+    assert fstab.splitlines()[-1].split() == [
+        "/var/cache/sbuild-fast/debs", "/var/cache/apt/archives", "none", "rw,bind", "0", "0"
+    ]
+
+
+def test_schroot_cache_fstab_copies_sbuilds_profile(tmp_path, caplog):
+    assert sf.schroot_cache_fstab(tmp_path) is None  # no sbuild profile: no cache
+    assert "without the package cache" in caplog.text
+    (tmp_path / "etc/schroot/sbuild").mkdir(parents=True)
+    (tmp_path / "etc/schroot/sbuild/fstab").write_text("/proc /proc none rw,bind 0 0\n")
+    assert sf.schroot_cache_fstab(tmp_path) == "sbuild-fast/fstab"
+    fstab = (tmp_path / sbs.SCHROOT_FSTAB).read_text()
+    assert fstab.startswith("/proc /proc") and "/var/cache/sbuild-fast/debs" in fstab
+    assert (tmp_path / "var/cache/sbuild-fast/debs").is_dir()
+
+
+@pytest.mark.parametrize("eatmydata", [True, False])
+def test_cache_hook_wires_apt(tmp_path, eatmydata):
+    """The customize hook, run for real on a directory."""
+    (tmp_path / "etc/apt/apt.conf.d").mkdir(parents=True)
+    subprocess.run(["sh", "-c", sf.cache_hook(eatmydata), "exec", str(tmp_path)], check=True)
+    conf = (tmp_path / sbs.CACHE_APT_CONF.lstrip("/")).read_text()
+    assert 'APT::Sandbox::User "root";' in conf
+    assert 'APT::Keep-Downloaded-Packages "true";' in conf
+    wrapper = tmp_path / "usr/local/bin/apt-get"
+    assert wrapper.stat().st_mode & 0o777 == 0o755
+    last = wrapper.read_text().splitlines()[-1]
+    under = "/usr/bin/eatmydata /usr/bin/apt-get" if eatmydata else "/usr/bin/apt-get"
+    assert last == (
+        "exec /usr/bin/flock -o -w 600 /var/cache/apt/archives/.sbuild-fast.lock "
+        f'{under} "$@"'
+    )
+
+
+def test_argv_has_the_cache_hook_only_with_the_cache():
+    with_cache = sf.mmdebstrap_argv(dict(RECIPE, cache=True), "/c/out.tar", "unshare")
+    hooks = [a.split("=", 1)[1] for a in with_cache if a.startswith("--customize-hook=")]
+    assert hooks[-3:] == [sf.EATMYDATA_HOOK, sf.cache_hook(True), sf.CLEANUP_HOOK]
+    plain = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
+    assert not any(sbs.CACHE_APT_CONF in a for a in plain)
+
+
+def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):
+    root = tmp_path / "tree"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "etc/apt/apt.conf.d").mkdir(parents=True)
+    subprocess.run(["sh", "-c", sf.EATMYDATA_HOOK, "exec", str(root)], check=True)
+    subprocess.run(["sh", "-c", sf.cache_hook(True), "exec", str(root)], check=True)
+    with tarfile.open(tmp_path / "c.tar", "w") as tar:
+        tar.add(root, arcname=".")
+    assert sfd.inspect_tarball(tmp_path / "c.tar")["apt_under_eatmydata"]
+
+
+def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
+    run, _ = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
+    state_dir = home / ".cache/sbuild/.sbuild-fast"
+    assert json.loads((state_dir / "bookworm-amd64.json").read_text())["cache"] is False
+    assert not (state_dir / "debs").exists()
+    assert "unshare_bind_mounts" not in capsys.readouterr().out
+    assert sf.main(["create", "--dist", "bookworm", "--cache-max", "1K"]) == 0
+    assert (state_dir / sbs.CACHE_MAX_FILE).read_text() == "1024\n"
+    fill_cache(state_dir / "debs", [(800, 3), (800, 1)], time.time())
+    capsys.readouterr()
+    assert sf.main(["update", "--dry-run"]) == 0
+    assert "would prune 1 files" in capsys.readouterr().out
+    assert len(list((state_dir / "debs").glob("*.deb"))) == 2
+    assert sf.main(["update"]) == 0
+    assert [p.name for p in (state_dir / "debs").glob("*.deb")] == ["p1_1.0_all.deb"]
+    capsys.readouterr()
+    assert sf.main(["list", "--json"]) == 0
+    (cache,) = json.loads(capsys.readouterr().out)["caches"]
+    assert cache["mode"] == "unshare" and cache["size_bytes"] == 800
+    assert cache["max_bytes"] == 1024 and cache["files"] == 1
+    assert sf.main(["update", "--cache-max", "lots"]) == 2
+
+
+def test_rule_package_cache():
+    base = {"path": "/c", "mode": "unshare", "present": True, "files": 3}
+    cache = dict(base, size_bytes=3 << 20, max_bytes=2 << 30)
+    (info,) = sfd.rule_package_cache({"caches": [cache]})
+    assert info["code"] == "package-cache" and info["severity"] == "info"
+    assert info["size_bytes"] == 3 << 20 and "3.0 MiB of its 2048 MiB cap" in info["message"]
+    (gone,) = sfd.rule_package_cache({"caches": [dict(cache, present=False)]})
+    assert gone["code"] == "package-cache-missing" and gone["severity"] == "action"
+
+
+def test_acl_with_search_keeps_the_groups_rights():
+    # mode 0750, no ACL yet: u::rwx,u:100000:--x,g::r-x,m::r-x,o::---
+    data = sbs.acl_with_search(None, 0o750, 100000)
+    assert sbs.parse_acl(data) == [
+        (sbs.ACL_USER_OBJ, 7, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_USER, 1, 100000),
+        (sbs.ACL_GROUP_OBJ, 5, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_MASK, 5, sbs.ACL_UNDEFINED_ID),
+        (sbs.ACL_OTHER, 0, sbs.ACL_UNDEFINED_ID),
+    ]
+    # an ACL that has a named user already: kept, the new one sorted in by id
+    again = sbs.acl_with_search(sbs.acl_granting(200000), 0o775, 100000)
+    users = [(p, i) for t, p, i in sbs.parse_acl(again) if t == sbs.ACL_USER]
+    assert users == [(1, 100000), (7, 200000)]
+    with pytest.raises(ValueError):
+        sbs.parse_acl(b"\x01\x00\x00\x00")
+
+
+def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
+    """trixie's useradd makes homes 0700: the chroot's root (a subordinate id) must be
+    able to search down to the cache, or sbuild-usernsexec's bind mount fails."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    cache = home / ".cache/sbuild/.sbuild-fast/debs"
+    sbs.ensure_cache_dir(cache, 100000)
+    assert str(home) in caplog.text
+    entries = sbs.parse_acl(os.getxattr(home, sbs.ACL_XATTR))
+    assert (sbs.ACL_USER, 1, 100000) in entries
+    assert stat.S_IMODE(home.stat().st_mode) == 0o710  # the mask shows as the group's x
+    # the directories made here are 0755: nothing to add on them
+    for made in (home / ".cache", home / ".cache/sbuild"):
+        with pytest.raises(OSError):
+            os.getxattr(made, sbs.ACL_XATTR)
+    caplog.clear()
+    sbs.ensure_cache_dir(cache, 100000)  # a second run changes nothing
+    assert str(home) not in caplog.text
+    if shutil.which("getfacl"):
+        out = subprocess.run(["getfacl", "-cpn", str(home)], capture_output=True, text=True)
+        assert "user:100000:--x" in out.stdout.split() and "group::---" in out.stdout.split()

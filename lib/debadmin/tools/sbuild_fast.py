@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import logging
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from debadmin import __version__, cli, fsutil, proc
+from debadmin import __version__, cli, debver, fsutil, proc
 from debadmin.errors import EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import sbuild_fast_doctor as sfd
@@ -53,6 +54,41 @@ EATMYDATA_HOOK = (
     f"printf '#!/bin/sh\\n{sbs.APT_WRAPPER_TAG}\\nexec /usr/bin/eatmydata /usr/bin/%s \"$@\"\\n' "
     f'"$t" > "$1{_WRAP_DIR}/$t" && chmod 755 "$1{_WRAP_DIR}/$t" || exit 1; done'
 )
+# The package cache shared across builds (sbs.CACHE_MOUNTPOINT, a host directory
+# bind-mounted by sbuild): apt downloads as the chroot's root, to whom the directory is
+# open (its _apt is not), and apt-get runs under flock on the cache's lock file, so that
+# builds sharing it wait for each other (apt's own lock there fails at once) and update
+# never prunes a file an install is about to read.
+CACHE_WRAPPER_TAG = "# sbuild-fast: builds sharing the package cache take turns"
+# sbuild's resolver writes APT::Keep-Downloaded-Packages "false" (its
+# $apt_keep_downloaded_packages, off by default) into the file APT_CONFIG names; apt
+# reads apt.conf.d after that file, so this keeps the .debs whatever the user's sbuild
+# configuration says.
+CACHE_APT_LINES = (
+    "// sbuild-fast: the package cache shared across builds",
+    'APT::Sandbox::User "root";',
+    'APT::Keep-Downloaded-Packages "true";',
+)
+
+
+def cache_hook(eatmydata: bool) -> str:
+    """The customize hook that wires the chroot for the shared package cache."""
+    apt_get = "/usr/bin/eatmydata /usr/bin/apt-get" if eatmydata else "/usr/bin/apt-get"
+    lock = f"{sbs.CACHE_MOUNTPOINT}/{sbs.CACHE_LOCK}"
+    wrapper = ["#!/bin/sh", CACHE_WRAPPER_TAG]
+    if eatmydata:
+        wrapper.insert(1, sbs.APT_WRAPPER_TAG)
+    wrapper.append(f'exec /usr/bin/flock -o -w {sbs.CACHE_LOCK_WAIT} {lock} {apt_get} "$@"')
+    target = f"{_WRAP_DIR}/apt-get"
+    apt_conf = " ".join(shlex.quote(line) for line in CACHE_APT_LINES)
+    quoted = " ".join(shlex.quote(line) for line in wrapper)
+    return (
+        f'printf "%s\\n" {apt_conf} > "$1{sbs.CACHE_APT_CONF}" && '
+        f'mkdir -p "$1{_WRAP_DIR}" && '
+        f'printf "%s\\n" {quoted} > "$1{target}" && chmod 755 "$1{target}"'
+    )
+
+
 # Package lists stay (sbuild's apt update then fetches only what changed). apt's cache
 # goes: the .debs, and pkgcache.bin/srcpkgcache.bin, which sbuild's apt update rebuilds
 # at every build anyway (mmdebstrap's cleanup/apt/cache is 'apt-get clean').
@@ -229,6 +265,8 @@ def _packages(recipe: Dict) -> List[str]:
 
 def _tail(recipe: Dict, output: str) -> List[str]:
     argv = [f"--customize-hook={EATMYDATA_HOOK}"] if recipe["eatmydata"] else []
+    if recipe.get("cache"):
+        argv.append(f"--customize-hook={cache_hook(recipe['eatmydata'])}")
     argv.append(f"--customize-hook={CLEANUP_HOOK}")
     argv.append("--skip=cleanup/apt/lists")
     if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
@@ -380,6 +418,7 @@ def recipe_from(args: argparse.Namespace, root: Path = Path("/")) -> Dict:
         "keep_docs": bool(args.keep_docs),
         "eatmydata": not args.no_eatmydata,
         "lintian": False if args.no_lintian else sbuild_runs_lintian(),
+        "cache": not args.no_cache,
         "mode": args.mode,
     }
 
@@ -452,6 +491,12 @@ def create_unshare(
             fsutil.fsync_dir(cache_dir)
         state = dict(recipe, path=str(target), created=int(time.time()), version=__version__)
         sbs.write_state(state_dir, state)
+    if recipe.get("cache"):
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        writer = sbs.subordinate_root(user)
+        if writer is None:
+            raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
+        sbs.ensure_cache_dir(sbs.package_cache_dir("unshare"), writer)
     return {"name": name, "path": str(target), "changed": True, "command": argv}
 
 
@@ -480,6 +525,22 @@ def tmpfs_overlay_dir(root: Path = Path("/")) -> Optional[str]:
         log.warning("schroot's overlay stays on disk: %s is not root's private directory", path)
         return None
     return sbs.TMPFS_OVERLAY_DIR
+
+
+def schroot_cache_fstab(root: Path = Path("/")) -> Optional[str]:
+    """Make the system's package cache and the fstab that mounts it in sbuild-fast's
+    schroot chroots (sbuild's profile fstab plus the cache); its setup.fstab value, or
+    None (with a warning) without sbuild's profile."""
+    profile = fsutil.read_text(root / sbs.SBUILD_PROFILE_FSTAB)
+    if profile is None:
+        log.warning("no %s: schroot builds go without the package cache", sbs.SBUILD_PROFILE_FSTAB)
+        return None
+    cache = sbs.package_cache_dir("schroot", root)
+    sbs.ensure_cache_dir(cache)
+    fstab = root / sbs.SCHROOT_FSTAB
+    fstab.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write(fstab, sbs.schroot_fstab(profile, sbs.SCHROOT_CACHE_DIR))
+    return str(Path(sbs.SCHROOT_FSTAB).relative_to("etc/schroot"))  # relative to /etc/schroot
 
 
 def create_schroot(
@@ -542,7 +603,8 @@ def create_schroot(
         os.replace(new_link, link)
         fsutil.fsync_dir(base)
         overlay = tmpfs_overlay_dir(root)
-        fsutil.atomic_write(conf, sbs.schroot_conf(recipe, link, aliases, overlay))
+        fstab = schroot_cache_fstab(root) if recipe.get("cache") else None
+        fsutil.atomic_write(conf, sbs.schroot_conf(recipe, link, aliases, overlay, fstab))
         prune_generations(base, name, keep={generation.name})
         state = dict(recipe, path=str(link), created=int(time.time()), version=__version__)
         sbs.write_state(state_dir, state)
@@ -602,8 +664,11 @@ def build_chroot(
 
 def cmd_create(args: argparse.Namespace) -> int:
     recipe = recipe_from(args)
+    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     build_chroot(recipe, args.dry_run, "write", "created")
-    rc = configure(recipe["mode"], args.configure, args.dry_run)
+    if recipe["cache"]:
+        tend_cache(recipe["mode"], args.dry_run, cache_max)
+    rc = configure(recipe["mode"], args.configure, args.dry_run, recipe["cache"])
     if recipe["mode"] == "unshare" and shutil.which("schroot") and sbs.tmpfs_overlay_fit()[0]:
         print(SCHROOT_FASTER_NOTE)
     return rc
@@ -628,9 +693,44 @@ SCHROOT_BUILDERS_NOTE = (
 )
 
 
-def configure(mode: str, write: bool, dry_run: bool) -> int:
+def mib(size: int) -> str:
+    """A size for people: GiB, MiB or KiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size / 1024:.0f} KiB"
+
+
+def tend_cache(mode: str, dry_run: bool, cache_max: Optional[int] = None) -> None:
+    """Set the package cache's cap (cache_max, when given) and prune the cache to it."""
+    state_dir = sbs.mode_state_dir(mode)
+    cache = sbs.package_cache_dir(mode)
+    if cache_max is not None and not dry_run:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        sbs.write_cache_max(state_dir, cache_max)
+    limit = cache_max or sbs.read_cache_max(state_dir)
+    if not cache.is_dir():
+        return
+    if dry_run:
+        doomed = sbs.prune_plan(sbs.cache_entries(cache), limit)
+        print(f"would prune {len(doomed)} files from package cache {cache} (cap {mib(limit)})")
+        return
+    result = sbs.prune_cache(cache, limit)
+    print(
+        f"package cache {cache}: {result['files']} files, {mib(result['size_bytes'])} "
+        f"(cap {mib(limit)}), {result['removed_files']} pruned"
+    )
+
+
+def configure(mode: str, write: bool, dry_run: bool, cache: bool = False) -> int:
     sbuild_ver = sbs.sbuild_version()
-    block = sbs.config_block(mode, sbuild_ver, sbs.tmpfs_unpack_template())
+    cache_dir = str(sbs.package_cache_dir(mode)) if cache and mode == "unshare" else None
+    if cache_dir and not (sbuild_ver and debver.at_least(sbuild_ver, sbs.UNSHARE_BIND_MOUNTS_MIN)):
+        log.warning(
+            "sbuild %s cannot bind-mount the package cache: builds go without it",
+            sbuild_ver or "(not installed)",
+        )
+    block = sbs.config_block(mode, sbuild_ver, sbs.tmpfs_unpack_template(), cache_dir)
     rc_path = sbs.sbuildrc_path(sbuild_ver=sbuild_ver)
     current = fsutil.read_text(rc_path) or ""
     merged = sbs.merge_config(current, block)
@@ -673,6 +773,8 @@ def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
         "eatmydata": bool(state.get("eatmydata", True)),
         # Records made before 0.2 have no "lintian": as they were made, without it.
         "lintian": bool(state.get("lintian", False)),
+        # ... and before the package cache: without it.
+        "cache": bool(state.get("cache", False)),
         "mode": state["mode"],
     }
 
@@ -710,6 +812,9 @@ def cmd_update(args: argparse.Namespace) -> int:
                 raise
             print(f"sbuild-fast: error: {state['name']}: {exc}", file=sys.stderr)
             failed.append(state["name"])
+    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
+    if any(s.get("cache") for s in states) or cache_max is not None:
+        tend_cache(args.mode, args.dry_run, cache_max)
     if failed:
         raise Error(f"not updated: {', '.join(failed)}")
     return EXIT_OK
@@ -719,12 +824,19 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    chroots = [sbs.describe(s) for s in sbs.all_states()]
+    states = sbs.all_states()
+    chroots = [sbs.describe(s) for s in states]
+    caches = sbs.package_caches(states)
     if args.json:
-        emit_json({"chroots": chroots})
+        emit_json({"chroots": chroots, "caches": caches})
         return EXIT_OK
     if not chroots:
         print("no sbuild-fast chroots")
+    for c in caches:
+        print(
+            f"package cache ({c['mode']})\t{c['files']} files\t{mib(c['size_bytes'])} of "
+            f"{mib(c['max_bytes'])}\t{c['path']}"
+        )
     for c in chroots:
         size = f"{c['size_bytes'] // 1048576} MiB" if c["size_bytes"] else "-"
         flag = "" if c["present"] else " (missing)"
@@ -815,6 +927,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="unshare tarball for the user (default) or schroot chroot (root)",
         )
 
+    def cache_max_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--cache-max",
+            metavar="SIZE",
+            help="cap of the package cache, kept from then on (default 2G; K, M, G, T)",
+        )
+
     create = sub.add_parser("create", help="build a fast chroot")
     create.add_argument("--dist", help="distribution (default: the host's)")
     create.add_argument("--arch", help="architecture (default: the host's)")
@@ -842,6 +961,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not preinstall lintian (default: preinstalled when sbuild runs it)",
     )
     create.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="no package cache shared across builds (default: .debs kept, size capped)",
+    )
+    cache_max_option(create)
+    create.add_argument(
         "--configure",
         action="store_true",
         help="write the sbuild settings block to the sbuild configuration file "
@@ -862,6 +987,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the chroots again from the archive instead of refreshing them",
     )
     mode_option(update)
+    cache_max_option(update)
     update.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(update)
     update.set_defaults(func=cmd_update)

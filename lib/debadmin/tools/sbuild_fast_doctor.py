@@ -97,6 +97,10 @@ def subid_advice(path: Path, kind: str, user: str) -> str:
     return " && ".join(commands)
 
 
+# The apt-get wrapper's command: eatmydata, behind the package cache's flock when it has one.
+APT_GET_UNDER_EATMYDATA = r"^exec (\S*/flock .*)?/usr/bin/eatmydata /usr/bin/apt-get "
+
+
 def inspect_tarball(path: Path) -> Dict[str, bool]:
     """What the chroot really holds: debhelper, eatmydata wired into apt, man-db off."""
     found = {
@@ -137,7 +141,7 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
                     handle = tar.extractfile(member)
                     text = handle.read(4096).decode("utf-8", "replace") if handle else ""
                     found["apt_under_eatmydata"] = sbs.APT_WRAPPER_TAG in text and bool(
-                        re.search(r"^exec /usr/bin/eatmydata /usr/bin/apt-get ", text, re.M)
+                        re.search(APT_GET_UNDER_EATMYDATA, text, re.M)
                     )
                 elif name == "./var/lib/man-db/auto-update":
                     found["mandb_auto_update"] = True
@@ -259,11 +263,12 @@ def gather_facts(
     fs_probe: Optional[Callable[[Path], Tuple[Optional[str], str]]] = None,
     btrfs_probe: Optional[Callable[[Path], Optional[str]]] = None,
     cost_probe: Optional[Callable[[str, Optional[str]], Optional[float]]] = None,
+    caches: Optional[List[Dict]] = None,
 ) -> Facts:
     """Everything the rules judge, read once. uid: the user who builds (default: the
     caller); fs_probe/btrfs_probe: how filesystems are read (findmnt, btrfs property);
     cost_probe(mode, schroot chroot): seconds per command in the chroot (default: not
-    timed)."""
+    timed); caches: the package caches (sbs.package_caches), none by default."""
     fs_probe = fs_probe or sbs.fs_of
     btrfs_probe = btrfs_probe or btrfs_property_compression
     uid = os.getuid() if uid is None else uid
@@ -307,6 +312,7 @@ def gather_facts(
     fits, why = sbs.tmpfs_overlay_fit(root, fs_probe)
     facts["tmpfs_overlay"] = {"fits": fits, "reason": why}
     facts["schroot_installed"] = (root / "usr/bin/schroot").exists()
+    facts["caches"] = list(caches or [])
     facts["command_cost"] = {}
     if cost_probe:
         if facts["unshare_used"]:
@@ -336,16 +342,18 @@ def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
             config = sbs.effective_sbuild_config(versions["sbuild"])
         except Error as exc:
             config_error = str(exc)
+    states = sbs.all_states()
     return gather_facts(
         sbs.user_cache_dir(),
         config,
         build_dirs,
-        sbs.all_states(),
+        states,
         versions,
         time.time(),
         root=root,
         config_error=config_error,
         cost_probe=command_cost,
+        caches=sbs.package_caches(states),
     )
 
 
@@ -695,6 +703,39 @@ def rule_command_cost(facts: Facts) -> Findings:
     return found
 
 
+def rule_package_cache(facts: Facts) -> Findings:
+    """The package cache shared across builds: its size against its cap, and what keeps
+    builds from using or pruning it."""
+    found = []
+    for cache in facts.get("caches", []):
+        path, mode = cache["path"], cache["mode"]
+        if not cache["present"]:
+            found.append(
+                finding(
+                    "package-cache-missing",
+                    "action",
+                    f"the {mode} package cache {path} is gone (sbuild cannot bind-mount it): "
+                    f"run 'sbuild-fast update{' --mode schroot' if mode == 'schroot' else ''}'",
+                    path,
+                )
+            )
+            continue
+        found.append(
+            finding(
+                "package-cache",
+                "info",
+                f"package cache ({mode}): {cache['files']} .debs, "
+                f"{cache['size_bytes'] / 1048576:.1f} MiB of its "
+                f"{cache['max_bytes'] / 1048576:.0f} MiB cap (pruned by 'sbuild-fast update')",
+                path,
+                size_bytes=cache["size_bytes"],
+                max_bytes=cache["max_bytes"],
+                files=cache["files"],
+            )
+        )
+    return found
+
+
 def rule_not_installed(facts: Facts) -> Findings:
     return [
         finding("not-installed", "action", f"{pkg} is not installed")
@@ -726,6 +767,7 @@ RULES: Tuple[Callable[[Facts], Findings], ...] = (
     rule_schroot_overlay,
     rule_schroot_mode,
     rule_command_cost,
+    rule_package_cache,
     rule_not_installed,
     rule_no_chroot,
 )

@@ -1,11 +1,14 @@
 """sbuild-fast: what sbuild does, by version: where it looks, what it reads, and our records."""
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import pwd
 import re
+import stat
+import struct
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -145,6 +148,7 @@ STATE_FIELDS = {
     "keep_docs": bool,
     "eatmydata": bool,
     "lintian": bool,
+    "cache": bool,
     "version": str,
 }
 STATE_REQUIRED = ("name", "dist", "arch", "mode", "path")
@@ -225,8 +229,14 @@ def tmpfs_unpack_template(
     return None
 
 
-def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[str]) -> str:
-    """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc."""
+def config_block(
+    mode: str,
+    sbuild_ver: Optional[str],
+    tmp_template: Optional[str],
+    cache_dir: Optional[str] = None,
+) -> str:
+    """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc; cache_dir:
+    the package cache to bind-mount in unshare mode (schroot mode's is in its fstab)."""
     lines = [
         f"{CONFIG_BEGIN} (written by 'sbuild-fast create --configure'; edits inside are lost)",
         f"$chroot_mode = '{mode}';",
@@ -243,6 +253,7 @@ def config_block(mode: str, sbuild_ver: Optional[str], tmp_template: Optional[st
                 "# sbuild-fast-update.timer keeps it fresh instead.",
                 "$unshare_mmdebstrap_auto_create = 0;",
             ]
+        lines += cache_config_lines(cache_dir, sbuild_ver)
     # Nothing else: sbuild's defaults stay (apt update and dist-upgrade cost nothing
     # measurable on a chroot the weekly refresh keeps fresh; $purge_build_deps does nothing
     # for a cloned session, which both modes use; lintian is preinstalled when it runs).
@@ -358,7 +369,11 @@ def tmpfs_overlay_fit(
 
 
 def schroot_conf(
-    recipe: Dict, directory: Path, aliases: Sequence[str], overlay_dir: Optional[str] = None
+    recipe: Dict,
+    directory: Path,
+    aliases: Sequence[str],
+    overlay_dir: Optional[str] = None,
+    fstab: Optional[str] = None,
 ) -> str:
     lines = [
         f"# Written by sbuild-fast; 'sbuild-fast remove --mode schroot {recipe['dist']}'"
@@ -378,6 +393,8 @@ def schroot_conf(
         lines.append("command-prefix=eatmydata")
     if overlay_dir:
         lines.append(f"union-overlay-directory={overlay_dir}")
+    if fstab:  # after profile=, which would set it to sbuild's
+        lines.append(f"setup.fstab={fstab}")
     return "\n".join(lines) + "\n"
 
 
@@ -471,6 +488,7 @@ def describe(state: Dict, now: Optional[float] = None) -> Dict:
         "keep_docs": state.get("keep_docs", False),
         "eatmydata": state.get("eatmydata", True),
         "lintian": state.get("lintian"),  # None: a record from before lintian was asked
+        "cache": state.get("cache", False),
     }
 
 
@@ -564,3 +582,315 @@ def schroot_command_cost(chroot: str) -> Optional[float]:
         return _median(times)
     finally:
         proc.run(["schroot", "-e", "-c", session], check=False)
+
+
+# --- the package cache shared across builds ------------------------------------------------
+
+# A host directory bind-mounted over apt's archive directory in every build: the .debs a
+# build downloads stay for the next one (pbuilder's APTCACHE). apt in the chroot downloads
+# as the chroot's root (APT::Sandbox::User), not as _apt. In unshare mode sbuild maps the
+# chroot's root to the user's first subordinate id and leaves the user's own uid unmapped,
+# so nothing in the chroot can write a file the user owns: the directory stays the
+# user's (who can so read, prune and remove every file in it) and a POSIX ACL lets the
+# subordinate root write there; the files are that id's. apt-get runs under flock on
+# CACHE_LOCK, so that builds sharing the cache wait for each other instead of failing on
+# apt's own lock, and update prunes under that lock too.
+CACHE_MOUNTPOINT = "/var/cache/apt/archives"
+CACHE_LOCK = ".sbuild-fast.lock"
+CACHE_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-cache"
+CACHE_SUBDIR = "debs"  # under STATE_SUBDIR, for the user's unshare chroots
+SCHROOT_CACHE_DIR = Path("/var/cache/sbuild-fast/debs")
+SCHROOT_FSTAB = "etc/schroot/sbuild-fast/fstab"  # sbuild's profile fstab plus the cache
+SBUILD_PROFILE_FSTAB = "etc/schroot/sbuild/fstab"
+CACHE_MAX_FILE = "cache-max"  # beside the records: the cap in bytes, as text
+DEFAULT_CACHE_MAX = 2 << 30
+CACHE_LOCK_WAIT = 600  # seconds apt-get (and a prune) wait for a build holding the cache
+PARTIAL_MAX_AGE = 86400  # partial downloads older than this are an interrupted build's
+SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.I)
+UNSHARE_BIND_MOUNTS_MIN = "0.85"  # bookworm's sbuild has $unshare_bind_mounts; older: none
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '2G', '500M', '1.5GiB' or a plain number of bytes (powers of 1024)."""
+    match = SIZE_RE.match(str(text).strip())
+    if not match:
+        raise Error(f"invalid size {text!r} (a number with K, M, G or T)")
+    unit = match.group(2).upper()
+    scale = 1024 ** ("KMGT".find(unit) + 1) if unit else 1
+    size = int(float(match.group(1)) * scale)
+    if size <= 0:
+        raise Error(f"invalid size {text!r}: must be above zero")
+    return size
+
+
+def mode_state_dir(mode: str, root: Path = Path("/")) -> Path:
+    if mode == "schroot":
+        return root / SCHROOT_STATE_DIR
+    return user_cache_dir() / STATE_SUBDIR
+
+
+def package_cache_dir(mode: str, root: Path = Path("/")) -> Path:
+    """The host directory that holds a mode's cached .debs: the user's for unshare mode,
+    the system's (root's, for the sbuild group's schroot builds) for schroot mode."""
+    if mode == "schroot":
+        return root / SCHROOT_CACHE_DIR.relative_to("/")
+    return user_cache_dir() / STATE_SUBDIR / CACHE_SUBDIR
+
+
+def read_cache_max(state_dir: Path) -> int:
+    try:
+        text = (state_dir / CACHE_MAX_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return DEFAULT_CACHE_MAX
+    try:
+        return parse_size(text)
+    except Error:
+        log.warning("ignoring malformed %s: %r", state_dir / CACHE_MAX_FILE, text[:40])
+        return DEFAULT_CACHE_MAX
+
+
+def write_cache_max(state_dir: Path, size: int) -> None:
+    fsutil.atomic_write(state_dir / CACHE_MAX_FILE, f"{size}\n")
+
+
+def cache_entries(directory: Path) -> List[Tuple[Path, int, float, int]]:
+    """(path, size, last use, owner) of each .deb in directory. Last use is the later of
+    mtime (downloaded) and atime (apt read it to check its hash: relatime records that
+    once a day)."""
+    entries = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".deb"):
+            continue
+        path = directory / name
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            entries.append((path, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid))
+    return entries
+
+
+def cache_usage(directory: Path, max_bytes: int) -> Dict:
+    """What list and doctor show of a package cache."""
+    entries = cache_entries(directory)
+    return {
+        "path": str(directory),
+        "present": directory.is_dir(),
+        "files": len(entries),
+        "size_bytes": sum(e[1] for e in entries),
+        "max_bytes": max_bytes,
+    }
+
+
+def prune_plan(entries: Sequence[Tuple[Path, int, float, int]], max_bytes: int) -> List[Path]:
+    """The least recently used .debs to remove so that the rest fit in max_bytes."""
+    total = sum(e[1] for e in entries)
+    remove = []
+    for path, size, _, _ in sorted(entries, key=lambda e: (e[2], e[0].name)):
+        if total <= max_bytes:
+            break
+        remove.append(path)
+        total -= size
+    return remove
+
+
+def subordinate_root(user: str, root: Path = Path("/")) -> Optional[int]:
+    """The host uid of an unshare-mode chroot's root: the first id of the first
+    /etc/subuid line of user's name (Sbuild::Utility::read_subuid_subgid)."""
+    with contextlib.suppress(OSError):
+        for line in (root / "etc/subuid").read_text(encoding="utf-8").splitlines():
+            fields = line.strip().split(":")
+            if len(fields) == 3 and fields[0] == user and fields[1].isdigit():
+                return int(fields[1])
+    return None
+
+
+# POSIX ACL xattr (linux/posix_acl_xattr.h): version 2, then (tag, perm, id) entries
+# sorted by tag and id.
+ACL_XATTR = "system.posix_acl_access"
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+ACL_UNDEFINED_ID = 0xFFFFFFFF
+
+
+def acl_granting(uid: int) -> bytes:
+    """The access ACL u::rwx,u:UID:rwx,g::r-x,m::rwx,o::r-x."""
+    entries = [
+        (ACL_USER_OBJ, 7, ACL_UNDEFINED_ID),
+        (ACL_USER, 7, uid),
+        (ACL_GROUP_OBJ, 5, ACL_UNDEFINED_ID),
+        (ACL_MASK, 7, ACL_UNDEFINED_ID),
+        (ACL_OTHER, 5, ACL_UNDEFINED_ID),
+    ]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def parse_acl(data: bytes) -> List[Tuple[int, int, int]]:
+    """(tag, perm, id) entries of a POSIX ACL xattr."""
+    if len(data) < 4 or struct.unpack_from("<I", data)[0] != 2 or (len(data) - 4) % 8:
+        raise ValueError("not a version 2 POSIX ACL")
+    return [struct.unpack_from("<HHI", data, off) for off in range(4, len(data), 8)]
+
+
+def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
+    """The access ACL data (or, with none, the one mode makes) with search (x) for uid
+    added, the group's effective rights unchanged."""
+    if data:
+        entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
+    else:
+        entries = {
+            (ACL_USER_OBJ, ACL_UNDEFINED_ID): (mode >> 6) & 7,
+            (ACL_GROUP_OBJ, ACL_UNDEFINED_ID): (mode >> 3) & 7,
+            (ACL_OTHER, ACL_UNDEFINED_ID): mode & 7,
+        }
+    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
+    mask_key = (ACL_MASK, ACL_UNDEFINED_ID)
+    group = entries[(ACL_GROUP_OBJ, ACL_UNDEFINED_ID)]
+    entries[mask_key] = entries.get(mask_key, group) | 1
+    ordered = sorted(entries.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+    return struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", tag, perm, ident) for (tag, ident), perm in ordered
+    )
+
+
+def grant_search_path(directory: Path, uid: int) -> List[Path]:
+    """Let uid reach directory: search (x) through an ACL on each of the caller's own
+    directories above it that others cannot search (a home of mode 0700, trixie's
+    useradd default). In unshare mode sbuild resolves the bind mount's source as the
+    chroot's root, a subordinate id of the user's. Returns the directories changed."""
+    changed = []
+    for parent in directory.parents:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            break
+        if info.st_mode & 0o001:
+            continue
+        if info.st_uid != os.geteuid():
+            raise Error(f"{parent} is not searchable by the chroot's root and not the caller's")
+        try:
+            current: Optional[bytes] = os.getxattr(parent, ACL_XATTR)
+        except OSError:
+            current = None
+        if current and any(t == ACL_USER and i == uid and p & 1 for t, p, i in parse_acl(current)):
+            continue
+        try:
+            os.setxattr(parent, ACL_XATTR, acl_with_search(current, info.st_mode, uid))
+        except OSError as exc:
+            raise Error(f"cannot let uid {uid} search {parent}: {exc.strerror}") from None
+        changed.append(parent)
+    return changed
+
+
+def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
+    """The cache directory, the caller's, mode 0755; writer: a uid that gets write access
+    through an ACL (an unshare-mode chroot's root), and search access to the caller's
+    directories above it. apt makes partial/ itself."""
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Error(f"cannot create {directory}: {exc.strerror}") from None
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise Error(f"{directory} is not a directory of the caller's own: not used as a cache")
+    if writer is not None:
+        try:
+            os.setxattr(directory, ACL_XATTR, acl_granting(writer))
+        except OSError as exc:
+            raise Error(
+                f"cannot let the chroot's root (uid {writer}) write to {directory}: "
+                f"{exc.strerror} (a filesystem without POSIX ACLs? use --no-cache)"
+            ) from None
+        for parent in grant_search_path(directory, writer):
+            log.warning("%s: search access for uid %d (the chroot's root) added", parent, writer)
+
+
+def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) -> Dict:
+    """Remove the least recently used .debs above max_bytes, and partial downloads older
+    than a day, under the lock the chroots' apt-get holds (a build installing from the
+    cache keeps its files). Returns what was removed and what is left."""
+    now = time.time() if now is None else now
+    result = {"path": str(directory), "removed_files": 0, "removed_bytes": 0, "skipped": None}
+    if not directory.is_dir():
+        return dict(result, size_bytes=0, files=0)
+    # flock(2) needs no write access: the chroot's root may have made the file.
+    lock_path = directory / CACHE_LOCK
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise Error(f"cannot open {lock_path}: {exc.strerror}") from None
+    try:
+        deadline = time.monotonic() + CACHE_LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("%s is in use by a build: not pruned", directory)
+                    entries = cache_entries(directory)
+                    return dict(
+                        result,
+                        skipped="in use",
+                        files=len(entries),
+                        size_bytes=sum(e[1] for e in entries),
+                    )
+                time.sleep(1)
+        entries = cache_entries(directory)
+        for path in prune_plan(entries, max_bytes):
+            size = next(e[1] for e in entries if e[0] == path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                result["removed_files"] += 1
+                result["removed_bytes"] += size
+        with contextlib.suppress(OSError):  # partial/ is apt's: the chroot root's
+            for entry in os.scandir(directory / "partial"):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > PARTIAL_MAX_AGE:
+                    os.unlink(entry.path)
+    finally:
+        os.close(fd)
+    left = cache_entries(directory)
+    return dict(result, files=len(left), size_bytes=sum(e[1] for e in left))
+
+
+def package_caches(states: Sequence[Dict]) -> List[Dict]:
+    """The package cache of each mode whose chroots use one, as list and doctor show it."""
+    caches = []
+    for mode in MODES:
+        if any(s["mode"] == mode and s.get("cache") for s in states):
+            limit = read_cache_max(mode_state_dir(mode))
+            caches.append(dict(cache_usage(package_cache_dir(mode), limit), mode=mode))
+    return caches
+
+
+def perl_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def cache_config_lines(cache_dir: Optional[str], sbuild_ver: Optional[str]) -> List[str]:
+    """The unshare-mode sbuild setting that bind-mounts the cache (kept: the user's own
+    $unshare_bind_mounts for other mount points)."""
+    if not cache_dir or not sbuild_ver or not debver.at_least(sbuild_ver, UNSHARE_BIND_MOUNTS_MIN):
+        return []
+    return [
+        "# The package cache shared across builds (sbuild-fast update prunes it).",
+        "$unshare_bind_mounts = [(grep { $_->{mountpoint} ne "
+        f"'{CACHE_MOUNTPOINT}' }} @{{$unshare_bind_mounts // []}}),",
+        f"    {{ directory => {perl_quote(cache_dir)}, mountpoint => '{CACHE_MOUNTPOINT}' }}];",
+    ]
+
+
+def schroot_fstab(profile_fstab: str, cache_dir: Path) -> str:
+    """sbuild's schroot profile fstab with the package cache bind-mounted."""
+    if not profile_fstab.endswith("\n"):
+        profile_fstab += "\n"
+    return (
+        profile_fstab
+        + "# sbuild-fast: the package cache shared across builds (sbuild-fast update prunes it)\n"
+        + f"{cache_dir}  {CACHE_MOUNTPOINT}  none  rw,bind  0  0\n"
+    )

@@ -79,6 +79,37 @@ CTRL
     ' sh "$dir"
 }
 
+# sbf_make_cached_package DIR: a tiny native package that Build-Depends on pax (85 kB,
+# in no chroot), and its .dsc, as SBF_USER: what the package cache keeps between builds.
+sbf_make_cached_package() {
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    as_user sh -euc "$SBF_CACHED_PACKAGE_SCRIPT" sh "$1"
+}
+# The script, also run as another user inside a trixie tree: sh -euc SCRIPT sh DIR.
+# shellcheck disable=SC2016 # expanded by the shell that runs it
+SBF_CACHED_PACKAGE_SCRIPT='
+    d=$1/sbfast-cached-1.0
+    mkdir -p "$d/debian/source"
+    echo "3.0 (native)" > "$d/debian/source/format"
+    printf "%s\n" "Source: sbfast-cached" "Section: misc" "Priority: optional" \
+        "Maintainer: sbuild-fast test <test@example.org>" \
+        "Build-Depends: debhelper-compat (= 13), pax" "Standards-Version: 4.6.2" \
+        "Rules-Requires-Root: no" "" "Package: sbfast-cached" "Architecture: all" \
+        "Depends: \${misc:Depends}" "Description: tiny package with a build dependency" \
+        " Built by the sbuild-fast tests of the package cache." > "$d/debian/control"
+    printf "sbfast-cached (1.0) unstable; urgency=medium\n\n  * Test.\n\n -- sbuild-fast test <test@example.org>  Sat, 21 Nov 2026 22:00:00 +0000\n" \
+        > "$d/debian/changelog"
+    printf "#!/usr/bin/make -f\n%%:\n\tdh \$@\n" > "$d/debian/rules"
+    chmod +x "$d/debian/rules"
+    cd "$1" && dpkg-source -b sbfast-cached-1.0 >/dev/null
+'
+
+# sbf_pax_fetched LOG: whether the build in LOG downloaded pax from the archive (apt's
+# "Get:N http://... pax" line; a .deb from the package cache is not fetched).
+sbf_pax_fetched() {
+    grep -Eq '^Get:[0-9]+ https?://[^ ]+ [^ ]+ [^ ]+ pax ' "$1"
+}
+
 # mmdebstrap's own temporary trees that a SIGKILL left in /tmp, owned by the user
 # or by its subordinate ids.
 sbf_remove_mmdebstrap_leftovers() {
