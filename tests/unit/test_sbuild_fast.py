@@ -1437,7 +1437,11 @@ def test_prune_cache_removes_the_least_recently_used(tmp_path):
     result = sbs.prune_cache(cache, 600, now)
     # p1 (30 days) and p2 (10 days) go: 400 + 100 bytes are left, under the cap
     assert sorted(os.listdir(cache)) == [
-        sbs.CACHE_LOCK, "apt-lock", "p0_1.0_all.deb", "p3_1.0_all.deb", "partial"
+        sbs.CACHE_LOCK,
+        "apt-lock",
+        "p0_1.0_all.deb",
+        "p3_1.0_all.deb",
+        "partial",
     ]
     assert result["removed_files"] == 2 and result["removed_bytes"] == 500
     assert result["size_bytes"] == 500 and result["files"] == 2
@@ -1473,8 +1477,22 @@ def test_cache_dir_acl_lets_the_chroot_root_write(tmp_path):
     sbs.ensure_cache_dir(cache, 100000)
     assert cache.stat().st_uid == os.geteuid()
     assert os.getxattr(cache, sbs.ACL_XATTR) == bytes.fromhex(
-        "02000000" "0100" "0700" "ffffffff" "0200" "0700" "a0860100"
-        "0400" "0500" "ffffffff" "1000" "0700" "ffffffff" "2000" "0500" "ffffffff"
+        "02000000"
+        "0100"
+        "0700"
+        "ffffffff"
+        "0200"
+        "0700"
+        "a0860100"
+        "0400"
+        "0500"
+        "ffffffff"
+        "1000"
+        "0700"
+        "ffffffff"
+        "2000"
+        "0500"
+        "ffffffff"
     )
     if shutil.which("getfacl"):
         out = subprocess.run(["getfacl", "-cpn", str(cache)], capture_output=True, text=True)
@@ -1520,7 +1538,12 @@ def test_schroot_conf_and_fstab_mount_the_cache(tmp_path):
     fstab = sbs.schroot_fstab("/proc /proc none rw,bind 0 0", Path("/var/cache/sbuild-fast/debs"))
     assert fstab.splitlines()[0] == "/proc /proc none rw,bind 0 0"
     assert fstab.splitlines()[-1].split() == [
-        "/var/cache/sbuild-fast/debs", "/var/cache/apt/archives", "none", "rw,bind", "0", "0"
+        "/var/cache/sbuild-fast/debs",
+        "/var/cache/apt/archives",
+        "none",
+        "rw,bind",
+        "0",
+        "0",
     ]
 
 
@@ -1548,8 +1571,7 @@ def test_cache_hook_wires_apt(tmp_path, eatmydata):
     last = wrapper.read_text().splitlines()[-1]
     under = "/usr/bin/eatmydata /usr/bin/apt-get" if eatmydata else "/usr/bin/apt-get"
     assert last == (
-        "exec /usr/bin/flock -o -w 600 /var/cache/apt/archives/.sbuild-fast.lock "
-        f'{under} "$@"'
+        "exec /usr/bin/flock -o -w 600 /var/cache/apt/archives/.sbuild-fast.lock " f'{under} "$@"'
     )
 
 

@@ -887,8 +887,7 @@ def json_text(value, level: int = 0) -> str:
     if isinstance(value, dict) and any(isinstance(v, (dict, list)) for v in value.values()):
         pad = "  " * (level + 1)
         items = (
-            f"{pad}{ENCODE(key)}: {json_text(item, level + 1)}"
-            for key, item in value.items()
+            f"{pad}{ENCODE(key)}: {json_text(item, level + 1)}" for key, item in value.items()
         )
         return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
     if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):

@@ -17,7 +17,7 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from debadmin.errors import EXIT_ACTION, EXIT_ERROR, EXIT_OK, Error, NotApplicable
 from debadmin.output import emit_json
@@ -537,14 +537,42 @@ def check_template(domain: Domain, entry: dict, root: Path, now: datetime.dateti
     problem = template_problem(template)
     if problem:
         return error_entry(entry, f"template {template}: {problem}")
-    try:
+
+    def read() -> Tuple[Path, bytes]:
         path = in_root(root, template)
-        variables = efi.parse_varstore(fix.read_nvram(path), str(path))
+        return path, fix.read_nvram(path)
+
+    gone = f"template {in_root_shown(root, template)}"
+    return judge_store(entry, read, gone, f"template {template}", root, now)
+
+
+def in_root_shown(root: Path, path_text: str) -> str:
+    """in_root's answer as an error message names it, or the text where it has none."""
+    try:
+        return str(in_root(root, path_text))
+    except Error:
+        return path_text
+
+
+def judge_store(
+    entry: dict,
+    read: Callable[[], Tuple[Path, bytes]],
+    gone: str,
+    label: str,
+    root: Path,
+    now: datetime.datetime,
+) -> dict:
+    """entry with the verdict on the store read() returns (the path the report names and
+    the bytes), or with an error verdict naming gone (no such file) or label (any other
+    reason) where it cannot be read."""
+    try:
+        path, data = read()
+        variables = efi.parse_varstore(data, str(path))
         report = sbc.build_report("varstore", str(path), variables, [], root, now)
     except FileNotFoundError:
-        return error_entry(entry, f"template {in_root(root, template)}: no such file")
+        return error_entry(entry, f"{gone}: no such file")
     except OSError as exc:
-        return error_entry(entry, f"cannot read template {template}: {exc.strerror}")
+        return error_entry(entry, f"cannot read {label}: {exc.strerror}")
     except Error as exc:
         return error_entry(entry, str(exc))
     entry.update(
@@ -576,21 +604,13 @@ def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
     if not entry["running"] and not os.path.lexists(path):
         return check_template(domain, entry, root, now)
     entry["nvram_exists"] = True
-    try:
-        read = in_root(root, domain.nvram)  # a link there is followed, inside root
-        data = read_running(read) if entry["running"] else fix.read_nvram(read)
-        variables = efi.parse_varstore(data, str(path))
-        report = sbc.build_report("varstore", str(path), variables, [], root, now)
-    except FileNotFoundError:
-        return error_entry(entry, f"{path}: no such file")
-    except OSError as exc:
-        return error_entry(entry, f"cannot read {path}: {exc.strerror}")
-    except Error as exc:
-        return error_entry(entry, str(exc))
-    entry.update(
-        {"verdict": report["verdict"], "exit_status": report["exit_status"], "report": report}
-    )
-    return entry
+    nvram = domain.nvram
+
+    def read() -> Tuple[Path, bytes]:
+        where = in_root(root, nvram)  # a link there is followed, inside root
+        return path, read_running(where) if entry["running"] else fix.read_nvram(where)
+
+    return judge_store(entry, read, str(path), str(path), root, now)
 
 
 # --- creating a never-started domain's NVRAM, as libvirt would, with the CAs added ----------
