@@ -1450,6 +1450,29 @@ def test_prune_cache_removes_the_least_recently_used(tmp_path):
     assert sbs.prune_cache(cache, 600, now)["removed_files"] == 0
 
 
+def test_prune_cache_never_follows_a_planted_link(tmp_path, caplog):
+    """The chroot's root can write to the cache: a partial -> /elsewhere (or a .deb
+    link) it plants must not make pruning remove files outside the cache."""
+    now = time.time()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("old.deb", "data"):
+        (victim / name).write_bytes(b"v")
+        os.utime(victim / name, (now - 2 * 86400, now - 2 * 86400))
+    cache = fill_cache(tmp_path / "debs", [(100, 5)], now)
+    (cache / "partial").symlink_to(victim)
+    (cache / "z_1.0_all.deb").symlink_to(victim / "old.deb")
+    result = sbs.prune_cache(cache, 0, now)
+    assert sorted(os.listdir(victim)) == ["data", "old.deb"]
+    assert result["partial_skipped"] == "not a directory" and "partial" in caplog.text
+    assert result["removed_files"] == 1 and (cache / "z_1.0_all.deb").is_symlink()
+    # a cache directory that is itself a link is refused, not followed
+    (tmp_path / "link").symlink_to(victim)
+    with pytest.raises(Error):
+        sbs.prune_cache(tmp_path / "link", 0, now)
+    assert sorted(os.listdir(victim)) == ["data", "old.deb"]
+
+
 def test_prune_cache_waits_for_a_build(tmp_path, monkeypatch):
     """A build's apt-get holds the lock (flock(1) in the chroot): pruning waits, then
     gives up and leaves everything in place."""

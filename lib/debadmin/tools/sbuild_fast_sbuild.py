@@ -1,6 +1,7 @@
 """sbuild-fast: what sbuild does, by version: where it looks, what it reads, and our records."""
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -653,25 +654,31 @@ def write_cache_max(state_dir: Path, size: int) -> None:
     fsutil.atomic_write(state_dir / CACHE_MAX_FILE, f"{size}\n")
 
 
-def cache_entries(directory: Path) -> List[Tuple[Path, int, float, int]]:
-    """(path, size, last use, owner) of each .deb in directory. Last use is the later of
-    mtime (downloaded) and atime (apt read it to check its hash: relatime records that
-    once a day)."""
+def cache_entries(
+    directory: Path, dir_fd: Optional[int] = None
+) -> List[Tuple[Path, int, float, int]]:
+    """(path, size, last use, owner) of each .deb in directory (read through dir_fd, an
+    open descriptor of it, when given). Last use is the later of mtime (downloaded) and
+    atime (apt read it to check its hash: relatime records that once a day)."""
     entries = []
     try:
-        names = os.listdir(directory)
+        names = os.listdir(directory if dir_fd is None else dir_fd)
     except OSError:
         return []
     for name in names:
         if not name.endswith(".deb"):
             continue
-        path = directory / name
         try:
-            info = os.lstat(path)
+            if dir_fd is None:
+                info = os.lstat(directory / name)
+            else:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
-            entries.append((path, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid))
+            entries.append(
+                (directory / name, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid)
+            )
     return entries
 
 
@@ -809,20 +816,48 @@ def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
             log.warning("%s: search access for uid %d (the chroot's root) added", parent, writer)
 
 
+def open_dir_nofollow(name: str, dir_fd: int) -> int:
+    """A descriptor of the directory name in dir_fd, never through a symbolic link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(name, flags, dir_fd=dir_fd)
+
+
 def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) -> Dict:
     """Remove the least recently used .debs above max_bytes, and partial downloads older
     than a day, under the lock the chroots' apt-get holds (a build installing from the
-    cache keeps its files). Returns what was removed and what is left."""
+    cache keeps its files). Returns what was removed and what is left.
+
+    The chroot's root can write to the cache: everything below directory is reached
+    through descriptors, never a symbolic link, so that a link it planted (partial ->
+    /elsewhere) cannot turn pruning on files outside the cache."""
     now = time.time() if now is None else now
-    result = {"path": str(directory), "removed_files": 0, "removed_bytes": 0, "skipped": None}
-    if not directory.is_dir():
-        return dict(result, size_bytes=0, files=0)
-    # flock(2) needs no write access: the chroot's root may have made the file.
-    lock_path = directory / CACHE_LOCK
+    result: Dict = {"path": str(directory), "removed_files": 0, "removed_bytes": 0}
+    result["skipped"] = None
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        parent_fd = os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return dict(result, size_bytes=0, files=0)
+    try:
+        dfd = open_dir_nofollow(directory.name, parent_fd)
+    except FileNotFoundError:
+        return dict(result, size_bytes=0, files=0)
     except OSError as exc:
-        raise Error(f"cannot open {lock_path}: {exc.strerror}") from None
+        raise Error(f"{directory} is not a directory: not pruned ({exc.strerror})") from None
+    finally:
+        os.close(parent_fd)
+    try:
+        return prune_cache_at(directory, dfd, max_bytes, now, result)
+    finally:
+        os.close(dfd)
+
+
+def prune_cache_at(directory: Path, dfd: int, max_bytes: int, now: float, result: Dict) -> Dict:
+    # flock(2) needs no write access: the chroot's root may have made the file.
+    try:
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(CACHE_LOCK, flags, 0o644, dir_fd=dfd)
+    except OSError as exc:
+        raise Error(f"cannot open {directory / CACHE_LOCK}: {exc.strerror}") from None
     try:
         deadline = time.monotonic() + CACHE_LOCK_WAIT
         while True:
@@ -832,7 +867,7 @@ def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) ->
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     log.warning("%s is in use by a build: not pruned", directory)
-                    entries = cache_entries(directory)
+                    entries = cache_entries(directory, dfd)
                     return dict(
                         result,
                         skipped="in use",
@@ -840,22 +875,43 @@ def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) ->
                         size_bytes=sum(e[1] for e in entries),
                     )
                 time.sleep(1)
-        entries = cache_entries(directory)
+        entries = cache_entries(directory, dfd)
         for path in prune_plan(entries, max_bytes):
             size = next(e[1] for e in entries if e[0] == path)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(path.name, dir_fd=dfd)
                 result["removed_files"] += 1
                 result["removed_bytes"] += size
-        with contextlib.suppress(OSError):  # partial/ is apt's: the chroot root's
-            for entry in os.scandir(directory / "partial"):
-                info = entry.stat(follow_symlinks=False)
-                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > PARTIAL_MAX_AGE:
-                    os.unlink(entry.path)
+        prune_partial(directory, dfd, now, result)
     finally:
         os.close(fd)
-    left = cache_entries(directory)
+    left = cache_entries(directory, dfd)
     return dict(result, files=len(left), size_bytes=sum(e[1] for e in left))
+
+
+def prune_partial(directory: Path, dfd: int, now: float, result: Dict) -> None:
+    """Remove partial downloads older than PARTIAL_MAX_AGE from partial/ (apt's, the
+    chroot root's: the caller may not be able to read it). A partial that is not a
+    real directory (a symbolic link) is left alone and reported."""
+    try:
+        pfd = open_dir_nofollow("partial", dfd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            log.warning("%s is not a directory: left alone", directory / "partial")
+            result["partial_skipped"] = "not a directory"
+        return
+    try:
+        for name in os.listdir(pfd):
+            with contextlib.suppress(OSError):
+                info = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > PARTIAL_MAX_AGE:
+                    os.unlink(name, dir_fd=pfd)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
 
 
 def package_caches(states: Sequence[Dict]) -> List[Dict]:
