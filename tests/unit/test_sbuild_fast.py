@@ -1473,6 +1473,15 @@ def test_prune_cache_never_follows_a_planted_link(tmp_path, caplog):
     assert sorted(os.listdir(victim)) == ["data", "old.deb"]
 
 
+def test_prune_cache_refuses_a_planted_fifo_lock(tmp_path):
+    """A FIFO as the lock would block open(2) forever (and the oneshot unit with it)."""
+    cache = fill_cache(tmp_path / "debs", [(100, 1)], time.time())
+    os.mkfifo(cache / sbs.CACHE_LOCK)
+    with pytest.raises(Error, match="not a regular file"):
+        sbs.prune_cache(cache, 0)
+    assert (cache / "p0_1.0_all.deb").exists()
+
+
 def test_prune_cache_waits_for_a_build(tmp_path, monkeypatch):
     """A build's apt-get holds the lock (flock(1) in the chroot): pruning waits, then
     gives up and leaves everything in place."""

@@ -852,12 +852,16 @@ def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) ->
 
 
 def prune_cache_at(directory: Path, dfd: int, max_bytes: int, now: float, result: Dict) -> Dict:
-    # flock(2) needs no write access: the chroot's root may have made the file.
+    # flock(2) needs no write access: the chroot's root may have made the file. It may
+    # also have planted a FIFO there: O_NONBLOCK keeps the open from waiting for a writer.
     try:
-        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         fd = os.open(CACHE_LOCK, flags, 0o644, dir_fd=dfd)
     except OSError as exc:
         raise Error(f"cannot open {directory / CACHE_LOCK}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Error(f"{directory / CACHE_LOCK} is not a regular file: cache not pruned")
     try:
         deadline = time.monotonic() + CACHE_LOCK_WAIT
         while True:
