@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import tarfile
 import time
@@ -1677,6 +1678,65 @@ def test_acl_with_search_keeps_the_groups_rights():
     assert users == [(1, 100000), (7, 200000)]
     with pytest.raises(ValueError):
         sbs.parse_acl(b"\x01\x00\x00\x00")
+
+
+def pack_acl(*entries):
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_acl_with_search_never_widens_the_mask(tmp_path):
+    """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
+    re-open it to user 1234, so the directory is refused and left as it was."""
+    undef = sbs.ACL_UNDEFINED_ID
+    closed = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_USER, 5, 1234),
+        (sbs.ACL_GROUP_OBJ, 0, undef),
+        (sbs.ACL_MASK, 0, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    with pytest.raises(Error, match="user 1234"):
+        sbs.acl_with_search(closed, 0o700, 100000)
+    # the owning group's r-x held back by the mask counts too
+    group = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_GROUP_OBJ, 5, undef),
+        (sbs.ACL_MASK, 4, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    with pytest.raises(Error, match="the owning group"):
+        sbs.acl_with_search(group, 0o740, 100000)
+    # a mask that has x already: only the new entry is added, the mask unchanged
+    open_mask = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_USER, 5, 1234),
+        (sbs.ACL_GROUP_OBJ, 0, undef),
+        (sbs.ACL_MASK, 1, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    entries = sbs.parse_acl(sbs.acl_with_search(open_mask, 0o710, 100000))
+    assert (sbs.ACL_USER, 1, 100000) in entries and (sbs.ACL_MASK, 1, undef) in entries
+    # on a directory: refused with the command to run, nothing changed
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    try:
+        os.setxattr(home, sbs.ACL_XATTR, closed)
+    except OSError:
+        pytest.skip("no POSIX ACLs here")
+    with pytest.raises(Error, match="setfacl -m u:100000:x"):
+        sbs.grant_search_path(home / "debs", 100000)
+    assert os.getxattr(home, sbs.ACL_XATTR) == closed
+    # an entry for uid that the mask holds back is not taken as search access
+    assert not sbs.acl_searchable(
+        pack_acl(
+            (sbs.ACL_USER_OBJ, 7, undef),
+            (sbs.ACL_USER, 1, 100000),
+            (sbs.ACL_GROUP_OBJ, 0, undef),
+            (sbs.ACL_MASK, 0, undef),
+            (sbs.ACL_OTHER, 0, undef),
+        ),
+        100000,
+    )
 
 
 def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):

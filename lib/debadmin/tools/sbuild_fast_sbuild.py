@@ -720,7 +720,8 @@ def subordinate_root(user: str, root: Path = Path("/")) -> Optional[int]:
 # POSIX ACL xattr (linux/posix_acl_xattr.h): version 2, then (tag, perm, id) entries
 # sorted by tag and id.
 ACL_XATTR = "system.posix_acl_access"
-ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP = 0x01, 0x02, 0x04, 0x08
+ACL_MASK, ACL_OTHER = 0x10, 0x20
 ACL_UNDEFINED_ID = 0xFFFFFFFF
 
 
@@ -745,7 +746,9 @@ def parse_acl(data: bytes) -> List[Tuple[int, int, int]]:
 
 def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
     """The access ACL data (or, with none, the one mode makes) with search (x) for uid
-    added, the group's effective rights unchanged."""
+    added, no one else's effective rights changed. Raises Error when uid's x would only
+    be effective by adding x to the mask while another group-class entry (the owning
+    group, a named user or group) holds x: that would widen their access too."""
     if data:
         entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
     else:
@@ -754,8 +757,20 @@ def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
             (ACL_GROUP_OBJ, ACL_UNDEFINED_ID): (mode >> 3) & 7,
             (ACL_OTHER, ACL_UNDEFINED_ID): mode & 7,
         }
-    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
     mask_key = (ACL_MASK, ACL_UNDEFINED_ID)
+    if mask_key in entries and not entries[mask_key] & 1:
+        widened = [
+            acl_entry_name(tag, ident)
+            for (tag, ident), perm in sorted(entries.items())
+            if tag in (ACL_USER, ACL_GROUP, ACL_GROUP_OBJ)
+            and perm & 1
+            and (tag, ident) != (ACL_USER, uid)
+        ]
+        if widened:
+            raise Error(
+                f"its ACL mask has no x: adding it would also let {', '.join(widened)} search"
+            )
+    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
     group = entries[(ACL_GROUP_OBJ, ACL_UNDEFINED_ID)]
     entries[mask_key] = entries.get(mask_key, group) | 1
     ordered = sorted(entries.items(), key=lambda kv: (kv[0][0], kv[0][1]))
@@ -764,11 +779,27 @@ def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
     )
 
 
+def acl_entry_name(tag: int, ident: int) -> str:
+    if tag == ACL_GROUP_OBJ:
+        return "the owning group"
+    return f"{'user' if tag == ACL_USER else 'group'} {ident}"
+
+
+def acl_searchable(data: bytes, uid: int) -> bool:
+    """Whether the ACL lets uid search, through its named entry and the mask."""
+    entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
+    mask = entries.get((ACL_MASK, ACL_UNDEFINED_ID), 7)
+    return bool(entries.get((ACL_USER, uid), 0) & mask & 1)
+
+
 def grant_search_path(directory: Path, uid: int) -> List[Path]:
     """Let uid reach directory: search (x) through an ACL on each of the caller's own
     directories above it that others cannot search (a home of mode 0700, trixie's
     useradd default). In unshare mode sbuild resolves the bind mount's source as the
-    chroot's root, a subordinate id of the user's. Returns the directories changed."""
+    chroot's root, a subordinate id of the user's. No one else's access changes: a
+    directory where uid's entry would need a wider mask, one that would open it to
+    others with ACL entries there too, is refused (Error, with the command that does it
+    knowingly). Returns the directories changed."""
     changed = []
     for parent in directory.parents:
         try:
@@ -783,10 +814,17 @@ def grant_search_path(directory: Path, uid: int) -> List[Path]:
             current: Optional[bytes] = os.getxattr(parent, ACL_XATTR)
         except OSError:
             current = None
-        if current and any(t == ACL_USER and i == uid and p & 1 for t, p, i in parse_acl(current)):
+        if current and acl_searchable(current, uid):
             continue
         try:
-            os.setxattr(parent, ACL_XATTR, acl_with_search(current, info.st_mode, uid))
+            acl = acl_with_search(current, info.st_mode, uid)
+        except Error as exc:
+            raise Error(
+                f"cannot let uid {uid} (the chroot's root) search {parent}: {exc}; "
+                f"run 'setfacl -m u:{uid}:x {parent}' if that is meant, or use --no-cache"
+            ) from None
+        try:
+            os.setxattr(parent, ACL_XATTR, acl)
         except OSError as exc:
             raise Error(f"cannot let uid {uid} search {parent}: {exc.strerror}") from None
         changed.append(parent)
