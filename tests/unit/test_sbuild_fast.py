@@ -1652,6 +1652,33 @@ def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
     assert sf.main(["update", "--cache-max", "lots"]) == 2
 
 
+def test_cache_max_checked_first_and_bounded(home, monkeypatch, capsys, caplog):
+    """A bad --cache-max is refused before any chroot is refreshed; a huge one is a
+    one-line error, not an OverflowError; the same text in the file is the default."""
+    run, _ = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm"]) == 0
+    refreshed = []
+    monkeypatch.setattr(sf, "build_chroot", lambda *a, **k: refreshed.append(a))
+    capsys.readouterr()
+    assert sf.main(["update", "--cache-max", "bogus"]) == 2
+    assert refreshed == []
+    huge = "9" * 400
+    with pytest.raises(Error, match="invalid size"):
+        sbs.parse_size(huge)
+    assert sf.main(["create", "--dist", "bookworm", "--cache-max", huge]) == 2
+    assert sf.main(["update", "--cache-max", huge]) == 2 and refreshed == []
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 3
+    state_dir = home / ".cache/sbuild/.sbuild-fast"
+    (state_dir / sbs.CACHE_MAX_FILE).write_text(huge + "\n")
+    assert sf.main(["list", "--json"]) == 0
+    (cache,) = json.loads(capsys.readouterr().out)["caches"]
+    assert cache["max_bytes"] == sbs.DEFAULT_CACHE_MAX and "malformed" in caplog.text
+    (state_dir / sbs.CACHE_MAX_FILE).write_bytes(b"\xff\xfe")
+    assert sbs.read_cache_max(state_dir) == sbs.DEFAULT_CACHE_MAX
+
+
 def test_rule_package_cache():
     base = {"path": "/c", "mode": "unshare", "present": True, "files": 3}
     cache = dict(base, size_bytes=3 << 20, max_bytes=2 << 30)

@@ -781,6 +781,7 @@ def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
 
 def cmd_update(args: argparse.Namespace) -> int:
     dists = [sbs.validate_dist(d) for d in args.dist]
+    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     if args.mode == "schroot":
         states = sbs.read_states(Path("/") / sbs.SCHROOT_STATE_DIR)
     else:
@@ -812,7 +813,6 @@ def cmd_update(args: argparse.Namespace) -> int:
                 raise
             print(f"sbuild-fast: error: {state['name']}: {exc}", file=sys.stderr)
             failed.append(state["name"])
-    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     if any(s.get("cache") for s in states) or cache_max is not None:
         tend_cache(args.mode, args.dry_run, cache_max)
     if failed:

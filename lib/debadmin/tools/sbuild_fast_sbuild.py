@@ -605,6 +605,7 @@ SCHROOT_FSTAB = "etc/schroot/sbuild-fast/fstab"  # sbuild's profile fstab plus t
 SBUILD_PROFILE_FSTAB = "etc/schroot/sbuild/fstab"
 CACHE_MAX_FILE = "cache-max"  # beside the records: the cap in bytes, as text
 DEFAULT_CACHE_MAX = 2 << 30
+MAX_SIZE = 1 << 60  # sizes above are typing errors, and overflow a float
 CACHE_LOCK_WAIT = 600  # seconds apt-get (and a prune) wait for a build holding the cache
 PARTIAL_MAX_AGE = 86400  # partial downloads older than this are an interrupted build's
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.I)
@@ -618,9 +619,14 @@ def parse_size(text: str) -> int:
         raise Error(f"invalid size {text!r} (a number with K, M, G or T)")
     unit = match.group(2).upper()
     scale = 1024 ** ("KMGT".find(unit) + 1) if unit else 1
-    size = int(float(match.group(1)) * scale)
+    try:
+        size = int(float(match.group(1)) * scale)
+    except (OverflowError, ValueError):  # float("9" * 400) is inf
+        size = MAX_SIZE + 1
     if size <= 0:
         raise Error(f"invalid size {text!r}: must be above zero")
+    if size > MAX_SIZE:
+        raise Error(f"invalid size {str(text)[:40]!r}: above {MAX_SIZE >> 50} PiB")
     return size
 
 
@@ -641,7 +647,10 @@ def package_cache_dir(mode: str, root: Path = Path("/")) -> Path:
 def read_cache_max(state_dir: Path) -> int:
     try:
         text = (state_dir / CACHE_MAX_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+    except FileNotFoundError:
+        return DEFAULT_CACHE_MAX
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8
+        log.warning("ignoring unreadable %s: %s", state_dir / CACHE_MAX_FILE, exc)
         return DEFAULT_CACHE_MAX
     try:
         return parse_size(text)
