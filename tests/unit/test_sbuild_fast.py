@@ -1679,6 +1679,27 @@ def test_cache_max_checked_first_and_bounded(home, monkeypatch, capsys, caplog):
     assert sbs.read_cache_max(state_dir) == sbs.DEFAULT_CACHE_MAX
 
 
+def test_create_cache_options_and_dry_run_plan(home, monkeypatch, capsys):
+    """--no-cache with --cache-max is refused, not a silently dropped cap; --dry-run
+    lists the cache directory and the ACLs a real run adds."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--cache-max", "1G"]) == 2
+    assert "--no-cache" in capsys.readouterr().err and tree(home) == before
+    os.chmod(home, 0o700)
+    assert sf.main(["create", "--dist", "bookworm", "--dry-run"]) == 0
+    assert calls == [] and tree(home) == before
+    out = capsys.readouterr().out
+    cache = home / ".cache/sbuild/.sbuild-fast/debs"
+    assert f"would create package cache {cache} with ACL u:100000:rwx" in out
+    assert f"would add ACL u:100000:--x (search) on {home}\n" in out
+    with pytest.raises(OSError):
+        os.getxattr(home, sbs.ACL_XATTR)
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--dry-run"]) == 0
+    assert "package cache" not in capsys.readouterr().out
+
+
 def test_rule_package_cache():
     base = {"path": "/c", "mode": "unshare", "present": True, "files": 3}
     cache = dict(base, size_bytes=3 << 20, max_bytes=2 << 30)

@@ -801,18 +801,23 @@ def acl_searchable(data: bytes, uid: int) -> bool:
     return bool(entries.get((ACL_USER, uid), 0) & mask & 1)
 
 
-def grant_search_path(directory: Path, uid: int) -> List[Path]:
+def grant_search_path(directory: Path, uid: int, dry_run: bool = False) -> List[Path]:
     """Let uid reach directory: search (x) through an ACL on each of the caller's own
     directories above it that others cannot search (a home of mode 0700, trixie's
     useradd default). In unshare mode sbuild resolves the bind mount's source as the
     chroot's root, a subordinate id of the user's. No one else's access changes: a
     directory where uid's entry would need a wider mask, one that would open it to
     others with ACL entries there too, is refused (Error, with the command that does it
-    knowingly). Returns the directories changed."""
+    knowingly). Returns the directories changed (dry_run: that would be; directories
+    not made yet are skipped, ensure_cache_dir makes them 0755)."""
     changed = []
     for parent in directory.parents:
         try:
             info = os.stat(parent)
+        except FileNotFoundError:
+            if dry_run:
+                continue
+            break
         except OSError:
             break
         if info.st_mode & 0o001:
@@ -832,6 +837,9 @@ def grant_search_path(directory: Path, uid: int) -> List[Path]:
                 f"cannot let uid {uid} (the chroot's root) search {parent}: {exc}; "
                 f"run 'setfacl -m u:{uid}:x {parent}' if that is meant, or use --no-cache"
             ) from None
+        if dry_run:
+            changed.append(parent)
+            continue
         try:
             os.setxattr(parent, ACL_XATTR, acl)
         except OSError as exc:
