@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import tarfile
 import time
@@ -1450,6 +1451,38 @@ def test_prune_cache_removes_the_least_recently_used(tmp_path):
     assert sbs.prune_cache(cache, 600, now)["removed_files"] == 0
 
 
+def test_prune_cache_never_follows_a_planted_link(tmp_path, caplog):
+    """The chroot's root can write to the cache: a partial -> /elsewhere (or a .deb
+    link) it plants must not make pruning remove files outside the cache."""
+    now = time.time()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("old.deb", "data"):
+        (victim / name).write_bytes(b"v")
+        os.utime(victim / name, (now - 2 * 86400, now - 2 * 86400))
+    cache = fill_cache(tmp_path / "debs", [(100, 5)], now)
+    (cache / "partial").symlink_to(victim)
+    (cache / "z_1.0_all.deb").symlink_to(victim / "old.deb")
+    result = sbs.prune_cache(cache, 0, now)
+    assert sorted(os.listdir(victim)) == ["data", "old.deb"]
+    assert result["partial_skipped"] == "not a directory" and "partial" in caplog.text
+    assert result["removed_files"] == 1 and (cache / "z_1.0_all.deb").is_symlink()
+    # a cache directory that is itself a link is refused, not followed
+    (tmp_path / "link").symlink_to(victim)
+    with pytest.raises(Error):
+        sbs.prune_cache(tmp_path / "link", 0, now)
+    assert sorted(os.listdir(victim)) == ["data", "old.deb"]
+
+
+def test_prune_cache_refuses_a_planted_fifo_lock(tmp_path):
+    """A FIFO as the lock would block open(2) forever (and the oneshot unit with it)."""
+    cache = fill_cache(tmp_path / "debs", [(100, 1)], time.time())
+    os.mkfifo(cache / sbs.CACHE_LOCK)
+    with pytest.raises(Error, match="not a regular file"):
+        sbs.prune_cache(cache, 0)
+    assert (cache / "p0_1.0_all.deb").exists()
+
+
 def test_prune_cache_waits_for_a_build(tmp_path, monkeypatch):
     """A build's apt-get holds the lock (flock(1) in the chroot): pruning waits, then
     gives up and leaves everything in place."""
@@ -1619,6 +1652,54 @@ def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
     assert sf.main(["update", "--cache-max", "lots"]) == 2
 
 
+def test_cache_max_checked_first_and_bounded(home, monkeypatch, capsys, caplog):
+    """A bad --cache-max is refused before any chroot is refreshed; a huge one is a
+    one-line error, not an OverflowError; the same text in the file is the default."""
+    run, _ = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    assert sf.main(["create", "--dist", "bookworm"]) == 0
+    refreshed = []
+    monkeypatch.setattr(sf, "build_chroot", lambda *a, **k: refreshed.append(a))
+    capsys.readouterr()
+    assert sf.main(["update", "--cache-max", "bogus"]) == 2
+    assert refreshed == []
+    huge = "9" * 400
+    with pytest.raises(Error, match="invalid size"):
+        sbs.parse_size(huge)
+    assert sf.main(["create", "--dist", "bookworm", "--cache-max", huge]) == 2
+    assert sf.main(["update", "--cache-max", huge]) == 2 and refreshed == []
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 3
+    state_dir = home / ".cache/sbuild/.sbuild-fast"
+    (state_dir / sbs.CACHE_MAX_FILE).write_text(huge + "\n")
+    assert sf.main(["list", "--json"]) == 0
+    (cache,) = json.loads(capsys.readouterr().out)["caches"]
+    assert cache["max_bytes"] == sbs.DEFAULT_CACHE_MAX and "malformed" in caplog.text
+    (state_dir / sbs.CACHE_MAX_FILE).write_bytes(b"\xff\xfe")
+    assert sbs.read_cache_max(state_dir) == sbs.DEFAULT_CACHE_MAX
+
+
+def test_create_cache_options_and_dry_run_plan(home, monkeypatch, capsys):
+    """--no-cache with --cache-max is refused, not a silently dropped cap; --dry-run
+    lists the cache directory and the ACLs a real run adds."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--cache-max", "1G"]) == 2
+    assert "--no-cache" in capsys.readouterr().err and tree(home) == before
+    os.chmod(home, 0o700)
+    assert sf.main(["create", "--dist", "bookworm", "--dry-run"]) == 0
+    assert calls == [] and tree(home) == before
+    out = capsys.readouterr().out
+    cache = home / ".cache/sbuild/.sbuild-fast/debs"
+    assert f"would create package cache {cache} with ACL u:100000:rwx" in out
+    assert f"would add ACL u:100000:--x (search) on {home}\n" in out
+    with pytest.raises(OSError):
+        os.getxattr(home, sbs.ACL_XATTR)
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--dry-run"]) == 0
+    assert "package cache" not in capsys.readouterr().out
+
+
 def test_rule_package_cache():
     base = {"path": "/c", "mode": "unshare", "present": True, "files": 3}
     cache = dict(base, size_bytes=3 << 20, max_bytes=2 << 30)
@@ -1645,6 +1726,65 @@ def test_acl_with_search_keeps_the_groups_rights():
     assert users == [(1, 100000), (7, 200000)]
     with pytest.raises(ValueError):
         sbs.parse_acl(b"\x01\x00\x00\x00")
+
+
+def pack_acl(*entries):
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_acl_with_search_never_widens_the_mask(tmp_path):
+    """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
+    re-open it to user 1234, so the directory is refused and left as it was."""
+    undef = sbs.ACL_UNDEFINED_ID
+    closed = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_USER, 5, 1234),
+        (sbs.ACL_GROUP_OBJ, 0, undef),
+        (sbs.ACL_MASK, 0, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    with pytest.raises(Error, match="user 1234"):
+        sbs.acl_with_search(closed, 0o700, 100000)
+    # the owning group's r-x held back by the mask counts too
+    group = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_GROUP_OBJ, 5, undef),
+        (sbs.ACL_MASK, 4, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    with pytest.raises(Error, match="the owning group"):
+        sbs.acl_with_search(group, 0o740, 100000)
+    # a mask that has x already: only the new entry is added, the mask unchanged
+    open_mask = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_USER, 5, 1234),
+        (sbs.ACL_GROUP_OBJ, 0, undef),
+        (sbs.ACL_MASK, 1, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    entries = sbs.parse_acl(sbs.acl_with_search(open_mask, 0o710, 100000))
+    assert (sbs.ACL_USER, 1, 100000) in entries and (sbs.ACL_MASK, 1, undef) in entries
+    # on a directory: refused with the command to run, nothing changed
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    try:
+        os.setxattr(home, sbs.ACL_XATTR, closed)
+    except OSError:
+        pytest.skip("no POSIX ACLs here")
+    with pytest.raises(Error, match="setfacl -m u:100000:x"):
+        sbs.grant_search_path(home / "debs", 100000)
+    assert os.getxattr(home, sbs.ACL_XATTR) == closed
+    # an entry for uid that the mask holds back is not taken as search access
+    assert not sbs.acl_searchable(
+        pack_acl(
+            (sbs.ACL_USER_OBJ, 7, undef),
+            (sbs.ACL_USER, 1, 100000),
+            (sbs.ACL_GROUP_OBJ, 0, undef),
+            (sbs.ACL_MASK, 0, undef),
+            (sbs.ACL_OTHER, 0, undef),
+        ),
+        100000,
+    )
 
 
 def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):

@@ -463,7 +463,10 @@ def create_unshare(
     source = target if refresh and target.is_file() else None
     argv = chroot_argv(recipe, source, str(state_dir / "tmp.XXXXXXXXXX" / target.name), "unshare")
     if dry_run:
-        return {"name": name, "path": str(target), "changed": False, "command": argv}
+        result = {"name": name, "path": str(target), "changed": False, "command": argv}
+        if recipe.get("cache"):
+            result["cache_plan"] = unshare_cache_plan()
+        return result
     for directory in (cache_dir, state_dir):
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -498,6 +501,21 @@ def create_unshare(
             raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
         sbs.ensure_cache_dir(sbs.package_cache_dir("unshare"), writer)
     return {"name": name, "path": str(target), "changed": True, "command": argv}
+
+
+def unshare_cache_plan() -> List[str]:
+    """What a real create/update does for the unshare-mode package cache: the directory,
+    its ACL for the chroot's root, and search ACLs on the directories above it."""
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    writer = sbs.subordinate_root(user)
+    if writer is None:
+        raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
+    cache = sbs.package_cache_dir("unshare")
+    verb = "set" if cache.is_dir() else "create"
+    plan = [f"would {verb} package cache {cache} with ACL u:{writer}:rwx (the chroot's root)"]
+    for parent in sbs.grant_search_path(cache, writer, dry_run=True):
+        plan.append(f"would add ACL u:{writer}:--x (search) on {parent}")
+    return plan
 
 
 def current_generation(link: Path) -> Optional[Path]:
@@ -658,11 +676,15 @@ def build_chroot(
     if dry_run:
         print("would run: " + " ".join(result["command"]))
         print(f"would {would} {result['path']}")
+        for line in result.get("cache_plan", []):
+            print(line)
     else:
         print(f"{done} {result['path']}")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    if args.no_cache and args.cache_max:
+        raise Error("--cache-max sets the cap of the package cache that --no-cache turns off")
     recipe = recipe_from(args)
     cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     build_chroot(recipe, args.dry_run, "write", "created")
@@ -781,6 +803,7 @@ def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
 
 def cmd_update(args: argparse.Namespace) -> int:
     dists = [sbs.validate_dist(d) for d in args.dist]
+    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     if args.mode == "schroot":
         states = sbs.read_states(Path("/") / sbs.SCHROOT_STATE_DIR)
     else:
@@ -812,7 +835,6 @@ def cmd_update(args: argparse.Namespace) -> int:
                 raise
             print(f"sbuild-fast: error: {state['name']}: {exc}", file=sys.stderr)
             failed.append(state["name"])
-    cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
     if any(s.get("cache") for s in states) or cache_max is not None:
         tend_cache(args.mode, args.dry_run, cache_max)
     if failed:

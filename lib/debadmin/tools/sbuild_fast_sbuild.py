@@ -1,6 +1,7 @@
 """sbuild-fast: what sbuild does, by version: where it looks, what it reads, and our records."""
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -604,6 +605,7 @@ SCHROOT_FSTAB = "etc/schroot/sbuild-fast/fstab"  # sbuild's profile fstab plus t
 SBUILD_PROFILE_FSTAB = "etc/schroot/sbuild/fstab"
 CACHE_MAX_FILE = "cache-max"  # beside the records: the cap in bytes, as text
 DEFAULT_CACHE_MAX = 2 << 30
+MAX_SIZE = 1 << 60  # sizes above are typing errors, and overflow a float
 CACHE_LOCK_WAIT = 600  # seconds apt-get (and a prune) wait for a build holding the cache
 PARTIAL_MAX_AGE = 86400  # partial downloads older than this are an interrupted build's
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?$", re.I)
@@ -617,9 +619,14 @@ def parse_size(text: str) -> int:
         raise Error(f"invalid size {text!r} (a number with K, M, G or T)")
     unit = match.group(2).upper()
     scale = 1024 ** ("KMGT".find(unit) + 1) if unit else 1
-    size = int(float(match.group(1)) * scale)
+    try:
+        size = int(float(match.group(1)) * scale)
+    except (OverflowError, ValueError):  # float("9" * 400) is inf
+        size = MAX_SIZE + 1
     if size <= 0:
         raise Error(f"invalid size {text!r}: must be above zero")
+    if size > MAX_SIZE:
+        raise Error(f"invalid size {str(text)[:40]!r}: above {MAX_SIZE >> 50} PiB")
     return size
 
 
@@ -640,7 +647,10 @@ def package_cache_dir(mode: str, root: Path = Path("/")) -> Path:
 def read_cache_max(state_dir: Path) -> int:
     try:
         text = (state_dir / CACHE_MAX_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+    except FileNotFoundError:
+        return DEFAULT_CACHE_MAX
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8
+        log.warning("ignoring unreadable %s: %s", state_dir / CACHE_MAX_FILE, exc)
         return DEFAULT_CACHE_MAX
     try:
         return parse_size(text)
@@ -653,25 +663,31 @@ def write_cache_max(state_dir: Path, size: int) -> None:
     fsutil.atomic_write(state_dir / CACHE_MAX_FILE, f"{size}\n")
 
 
-def cache_entries(directory: Path) -> List[Tuple[Path, int, float, int]]:
-    """(path, size, last use, owner) of each .deb in directory. Last use is the later of
-    mtime (downloaded) and atime (apt read it to check its hash: relatime records that
-    once a day)."""
+def cache_entries(
+    directory: Path, dir_fd: Optional[int] = None
+) -> List[Tuple[Path, int, float, int]]:
+    """(path, size, last use, owner) of each .deb in directory (read through dir_fd, an
+    open descriptor of it, when given). Last use is the later of mtime (downloaded) and
+    atime (apt read it to check its hash: relatime records that once a day)."""
     entries = []
     try:
-        names = os.listdir(directory)
+        names = os.listdir(directory if dir_fd is None else dir_fd)
     except OSError:
         return []
     for name in names:
         if not name.endswith(".deb"):
             continue
-        path = directory / name
         try:
-            info = os.lstat(path)
+            if dir_fd is None:
+                info = os.lstat(directory / name)
+            else:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
-            entries.append((path, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid))
+            entries.append(
+                (directory / name, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid)
+            )
     return entries
 
 
@@ -713,7 +729,8 @@ def subordinate_root(user: str, root: Path = Path("/")) -> Optional[int]:
 # POSIX ACL xattr (linux/posix_acl_xattr.h): version 2, then (tag, perm, id) entries
 # sorted by tag and id.
 ACL_XATTR = "system.posix_acl_access"
-ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP = 0x01, 0x02, 0x04, 0x08
+ACL_MASK, ACL_OTHER = 0x10, 0x20
 ACL_UNDEFINED_ID = 0xFFFFFFFF
 
 
@@ -738,7 +755,9 @@ def parse_acl(data: bytes) -> List[Tuple[int, int, int]]:
 
 def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
     """The access ACL data (or, with none, the one mode makes) with search (x) for uid
-    added, the group's effective rights unchanged."""
+    added, no one else's effective rights changed. Raises Error when uid's x would only
+    be effective by adding x to the mask while another group-class entry (the owning
+    group, a named user or group) holds x: that would widen their access too."""
     if data:
         entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
     else:
@@ -747,8 +766,20 @@ def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
             (ACL_GROUP_OBJ, ACL_UNDEFINED_ID): (mode >> 3) & 7,
             (ACL_OTHER, ACL_UNDEFINED_ID): mode & 7,
         }
-    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
     mask_key = (ACL_MASK, ACL_UNDEFINED_ID)
+    if mask_key in entries and not entries[mask_key] & 1:
+        widened = [
+            acl_entry_name(tag, ident)
+            for (tag, ident), perm in sorted(entries.items())
+            if tag in (ACL_USER, ACL_GROUP, ACL_GROUP_OBJ)
+            and perm & 1
+            and (tag, ident) != (ACL_USER, uid)
+        ]
+        if widened:
+            raise Error(
+                f"its ACL mask has no x: adding it would also let {', '.join(widened)} search"
+            )
+    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
     group = entries[(ACL_GROUP_OBJ, ACL_UNDEFINED_ID)]
     entries[mask_key] = entries.get(mask_key, group) | 1
     ordered = sorted(entries.items(), key=lambda kv: (kv[0][0], kv[0][1]))
@@ -757,15 +788,36 @@ def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
     )
 
 
-def grant_search_path(directory: Path, uid: int) -> List[Path]:
+def acl_entry_name(tag: int, ident: int) -> str:
+    if tag == ACL_GROUP_OBJ:
+        return "the owning group"
+    return f"{'user' if tag == ACL_USER else 'group'} {ident}"
+
+
+def acl_searchable(data: bytes, uid: int) -> bool:
+    """Whether the ACL lets uid search, through its named entry and the mask."""
+    entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
+    mask = entries.get((ACL_MASK, ACL_UNDEFINED_ID), 7)
+    return bool(entries.get((ACL_USER, uid), 0) & mask & 1)
+
+
+def grant_search_path(directory: Path, uid: int, dry_run: bool = False) -> List[Path]:
     """Let uid reach directory: search (x) through an ACL on each of the caller's own
     directories above it that others cannot search (a home of mode 0700, trixie's
     useradd default). In unshare mode sbuild resolves the bind mount's source as the
-    chroot's root, a subordinate id of the user's. Returns the directories changed."""
+    chroot's root, a subordinate id of the user's. No one else's access changes: a
+    directory where uid's entry would need a wider mask, one that would open it to
+    others with ACL entries there too, is refused (Error, with the command that does it
+    knowingly). Returns the directories changed (dry_run: that would be; directories
+    not made yet are skipped, ensure_cache_dir makes them 0755)."""
     changed = []
     for parent in directory.parents:
         try:
             info = os.stat(parent)
+        except FileNotFoundError:
+            if dry_run:
+                continue
+            break
         except OSError:
             break
         if info.st_mode & 0o001:
@@ -776,10 +828,20 @@ def grant_search_path(directory: Path, uid: int) -> List[Path]:
             current: Optional[bytes] = os.getxattr(parent, ACL_XATTR)
         except OSError:
             current = None
-        if current and any(t == ACL_USER and i == uid and p & 1 for t, p, i in parse_acl(current)):
+        if current and acl_searchable(current, uid):
             continue
         try:
-            os.setxattr(parent, ACL_XATTR, acl_with_search(current, info.st_mode, uid))
+            acl = acl_with_search(current, info.st_mode, uid)
+        except Error as exc:
+            raise Error(
+                f"cannot let uid {uid} (the chroot's root) search {parent}: {exc}; "
+                f"run 'setfacl -m u:{uid}:x {parent}' if that is meant, or use --no-cache"
+            ) from None
+        if dry_run:
+            changed.append(parent)
+            continue
+        try:
+            os.setxattr(parent, ACL_XATTR, acl)
         except OSError as exc:
             raise Error(f"cannot let uid {uid} search {parent}: {exc.strerror}") from None
         changed.append(parent)
@@ -809,20 +871,52 @@ def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
             log.warning("%s: search access for uid %d (the chroot's root) added", parent, writer)
 
 
+def open_dir_nofollow(name: str, dir_fd: int) -> int:
+    """A descriptor of the directory name in dir_fd, never through a symbolic link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(name, flags, dir_fd=dir_fd)
+
+
 def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) -> Dict:
     """Remove the least recently used .debs above max_bytes, and partial downloads older
     than a day, under the lock the chroots' apt-get holds (a build installing from the
-    cache keeps its files). Returns what was removed and what is left."""
+    cache keeps its files). Returns what was removed and what is left.
+
+    The chroot's root can write to the cache: everything below directory is reached
+    through descriptors, never a symbolic link, so that a link it planted (partial ->
+    /elsewhere) cannot turn pruning on files outside the cache."""
     now = time.time() if now is None else now
-    result = {"path": str(directory), "removed_files": 0, "removed_bytes": 0, "skipped": None}
-    if not directory.is_dir():
-        return dict(result, size_bytes=0, files=0)
-    # flock(2) needs no write access: the chroot's root may have made the file.
-    lock_path = directory / CACHE_LOCK
+    result: Dict = {"path": str(directory), "removed_files": 0, "removed_bytes": 0}
+    result["skipped"] = None
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        parent_fd = os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return dict(result, size_bytes=0, files=0)
+    try:
+        dfd = open_dir_nofollow(directory.name, parent_fd)
+    except FileNotFoundError:
+        return dict(result, size_bytes=0, files=0)
     except OSError as exc:
-        raise Error(f"cannot open {lock_path}: {exc.strerror}") from None
+        raise Error(f"{directory} is not a directory: not pruned ({exc.strerror})") from None
+    finally:
+        os.close(parent_fd)
+    try:
+        return prune_cache_at(directory, dfd, max_bytes, now, result)
+    finally:
+        os.close(dfd)
+
+
+def prune_cache_at(directory: Path, dfd: int, max_bytes: int, now: float, result: Dict) -> Dict:
+    # flock(2) needs no write access: the chroot's root may have made the file. It may
+    # also have planted a FIFO there: O_NONBLOCK keeps the open from waiting for a writer.
+    try:
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(CACHE_LOCK, flags, 0o644, dir_fd=dfd)
+    except OSError as exc:
+        raise Error(f"cannot open {directory / CACHE_LOCK}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Error(f"{directory / CACHE_LOCK} is not a regular file: cache not pruned")
     try:
         deadline = time.monotonic() + CACHE_LOCK_WAIT
         while True:
@@ -832,7 +926,7 @@ def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) ->
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     log.warning("%s is in use by a build: not pruned", directory)
-                    entries = cache_entries(directory)
+                    entries = cache_entries(directory, dfd)
                     return dict(
                         result,
                         skipped="in use",
@@ -840,22 +934,43 @@ def prune_cache(directory: Path, max_bytes: int, now: Optional[float] = None) ->
                         size_bytes=sum(e[1] for e in entries),
                     )
                 time.sleep(1)
-        entries = cache_entries(directory)
+        entries = cache_entries(directory, dfd)
         for path in prune_plan(entries, max_bytes):
             size = next(e[1] for e in entries if e[0] == path)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(path.name, dir_fd=dfd)
                 result["removed_files"] += 1
                 result["removed_bytes"] += size
-        with contextlib.suppress(OSError):  # partial/ is apt's: the chroot root's
-            for entry in os.scandir(directory / "partial"):
-                info = entry.stat(follow_symlinks=False)
-                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > PARTIAL_MAX_AGE:
-                    os.unlink(entry.path)
+        prune_partial(directory, dfd, now, result)
     finally:
         os.close(fd)
-    left = cache_entries(directory)
+    left = cache_entries(directory, dfd)
     return dict(result, files=len(left), size_bytes=sum(e[1] for e in left))
+
+
+def prune_partial(directory: Path, dfd: int, now: float, result: Dict) -> None:
+    """Remove partial downloads older than PARTIAL_MAX_AGE from partial/ (apt's, the
+    chroot root's: the caller may not be able to read it). A partial that is not a
+    real directory (a symbolic link) is left alone and reported."""
+    try:
+        pfd = open_dir_nofollow("partial", dfd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            log.warning("%s is not a directory: left alone", directory / "partial")
+            result["partial_skipped"] = "not a directory"
+        return
+    try:
+        for name in os.listdir(pfd):
+            with contextlib.suppress(OSError):
+                info = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > PARTIAL_MAX_AGE:
+                    os.unlink(name, dir_fd=pfd)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
 
 
 def package_caches(states: Sequence[Dict]) -> List[Dict]:
