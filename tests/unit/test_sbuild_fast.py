@@ -32,9 +32,43 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
     # the chroot's root, to whom the package cache's ACL grants write access
     monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
+    # the system's schroot records stay out (a host with schroot chroots of its own)
+    system_states = tmp_path / sbs.SCHROOT_STATE_DIR
+    monkeypatch.setattr(
+        sbs,
+        "all_states",
+        lambda: sbs.read_states(sbs.user_cache_dir() / sbs.STATE_SUBDIR)
+        + sbs.read_states(system_states),
+    )
     cache = tmp_path / ".cache/sbuild"
     cache.mkdir(parents=True)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def restore_search_acls(tmp_path_factory):
+    """create grants the chroot's root search access on the caller's closed directories
+    above the cache, pytest's own 0700 directories among them: put their ACLs and modes
+    back, or the next run (pytest chmods its base to 0700, leaving a mask of ---) would
+    find a home it must refuse."""
+    base = tmp_path_factory.getbasetemp()
+    saved = {d: (access_acl(d), os.stat(d).st_mode & 0o7777) for d in (base, *base.parents)}
+    yield
+    for directory, (data, mode) in saved.items():
+        if access_acl(directory) != data:
+            if data is None:
+                os.removexattr(directory, sbs.ACL_XATTR)
+            else:
+                os.setxattr(directory, sbs.ACL_XATTR, data)
+        if os.stat(directory).st_mode & 0o7777 != mode:
+            os.chmod(directory, mode)
+
+
+def access_acl(path):
+    try:
+        return os.getxattr(path, sbs.ACL_XATTR)
+    except OSError:
+        return None
 
 
 def tree(path):
@@ -1708,6 +1742,49 @@ def test_rule_package_cache():
     assert info["size_bytes"] == 3 << 20 and "3.0 MiB of its 2048 MiB cap" in info["message"]
     (gone,) = sfd.rule_package_cache({"caches": [dict(cache, present=False)]})
     assert gone["code"] == "package-cache-missing" and gone["severity"] == "action"
+
+
+def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
+    """A home whose mask would have to widen for the chroot's root: create refuses
+    before mmdebstrap runs, not after the tarball is written."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    undef = sbs.ACL_UNDEFINED_ID
+    closed = pack_acl(
+        (sbs.ACL_USER_OBJ, 7, undef),
+        (sbs.ACL_USER, 5, 1234),
+        (sbs.ACL_GROUP_OBJ, 0, undef),
+        (sbs.ACL_MASK, 0, undef),
+        (sbs.ACL_OTHER, 0, undef),
+    )
+    os.chmod(home, 0o700)
+    try:
+        os.setxattr(home, sbs.ACL_XATTR, closed)
+    except OSError:
+        pytest.skip("no POSIX ACLs here")
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    err = capsys.readouterr().err
+    assert "setfacl -m u:100000:x" in err and len(err.strip().splitlines()) == 1
+    assert calls == [] and tree(home) == before
+    assert os.getxattr(home, sbs.ACL_XATTR) == closed
+    # --no-cache needs no search access: created
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
+    assert (home / ".cache/sbuild/bookworm-amd64.tar").is_file()
+
+
+def test_cache_counts_what_a_sparse_file_holds(tmp_path):
+    """A sparse .deb (the chroot's root can write there) counts what it holds on disk,
+    not its apparent size, so it cannot evict every other package."""
+    now = time.time()
+    cache = fill_cache(tmp_path / "debs", [(300, 30), (200, 10)], now)
+    with open(cache / "sparse_1.0_all.deb", "wb") as sparse:
+        sparse.truncate(1 << 30)
+    (size,) = [e[1] for e in sbs.cache_entries(cache) if e[0].name.startswith("sparse")]
+    assert size < 1 << 20
+    result = sbs.prune_cache(cache, 1000, now)
+    assert result["removed_files"] == 0
+    assert len(list(cache.glob("*.deb"))) == 3
 
 
 def test_acl_with_search_keeps_the_groups_rights():

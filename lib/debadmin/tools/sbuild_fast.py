@@ -467,6 +467,10 @@ def create_unshare(
         if recipe.get("cache"):
             result["cache_plan"] = unshare_cache_plan()
         return result
+    if recipe.get("cache"):
+        # What would refuse the cache (no subordinate ids, a mask that would have to
+        # widen) refuses before the tarball is written, not after.
+        unshare_cache_plan()
     for directory in (cache_dir, state_dir):
         try:
             directory.mkdir(parents=True, exist_ok=True)

@@ -685,8 +685,11 @@ def cache_entries(
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
+            # What the file holds on disk: a sparse file's apparent size could
+            # otherwise evict every other package from the cache.
+            size = min(info.st_size, info.st_blocks * 512)
             entries.append(
-                (directory / name, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid)
+                (directory / name, size, max(info.st_mtime, info.st_atime), info.st_uid)
             )
     return entries
 
