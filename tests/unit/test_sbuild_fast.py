@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from debadmin import posixacl as A
 from debadmin.errors import Error
 from debadmin.tools import sbuild_fast as sf
 from debadmin.tools import sbuild_fast_doctor as sfd
@@ -1749,13 +1750,13 @@ def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
     before mmdebstrap runs, not after the tarball is written."""
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
-    undef = sbs.ACL_UNDEFINED_ID
+    undef = A.UNDEFINED
     closed = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_USER, 5, 1234),
-        (sbs.ACL_GROUP_OBJ, 0, undef),
-        (sbs.ACL_MASK, 0, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 0, undef),
+        (A.OTHER, 0, undef),
     )
     os.chmod(home, 0o700)
     try:
@@ -1790,19 +1791,19 @@ def test_cache_counts_what_a_sparse_file_holds(tmp_path):
 def test_acl_with_search_keeps_the_groups_rights():
     # mode 0750, no ACL yet: u::rwx,u:100000:--x,g::r-x,m::r-x,o::---
     data = sbs.acl_with_search(None, 0o750, 100000)
-    assert sbs.parse_acl(data) == [
-        (sbs.ACL_USER_OBJ, 7, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_USER, 1, 100000),
-        (sbs.ACL_GROUP_OBJ, 5, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_MASK, 5, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_OTHER, 0, sbs.ACL_UNDEFINED_ID),
-    ]
+    assert data == pack_acl(
+        (A.USER_OBJ, 7, A.UNDEFINED),
+        (A.USER, 1, 100000),
+        (A.GROUP_OBJ, 5, A.UNDEFINED),
+        (A.MASK, 5, A.UNDEFINED),
+        (A.OTHER, 0, A.UNDEFINED),
+    )
     # an ACL that has a named user already: kept, the new one sorted in by id
     again = sbs.acl_with_search(sbs.acl_granting(200000), 0o775, 100000)
-    users = [(p, i) for t, p, i in sbs.parse_acl(again) if t == sbs.ACL_USER]
+    users = [(p, i) for (t, i), p in A.parse(again).items() if t == A.USER]
     assert users == [(1, 100000), (7, 200000)]
     with pytest.raises(ValueError):
-        sbs.parse_acl(b"\x01\x00\x00\x00")
+        A.parse(b"\x01\x00\x00\x00")
 
 
 def pack_acl(*entries):
@@ -1812,35 +1813,35 @@ def pack_acl(*entries):
 def test_acl_with_search_never_widens_the_mask(tmp_path):
     """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
     re-open it to user 1234, so the directory is refused and left as it was."""
-    undef = sbs.ACL_UNDEFINED_ID
+    undef = A.UNDEFINED
     closed = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_USER, 5, 1234),
-        (sbs.ACL_GROUP_OBJ, 0, undef),
-        (sbs.ACL_MASK, 0, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 0, undef),
+        (A.OTHER, 0, undef),
     )
     with pytest.raises(Error, match="user 1234"):
         sbs.acl_with_search(closed, 0o700, 100000)
     # the owning group's r-x held back by the mask counts too
     group = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_GROUP_OBJ, 5, undef),
-        (sbs.ACL_MASK, 4, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.GROUP_OBJ, 5, undef),
+        (A.MASK, 4, undef),
+        (A.OTHER, 0, undef),
     )
     with pytest.raises(Error, match="the owning group"):
         sbs.acl_with_search(group, 0o740, 100000)
     # a mask that has x already: only the new entry is added, the mask unchanged
     open_mask = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_USER, 5, 1234),
-        (sbs.ACL_GROUP_OBJ, 0, undef),
-        (sbs.ACL_MASK, 1, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 1, undef),
+        (A.OTHER, 0, undef),
     )
-    entries = sbs.parse_acl(sbs.acl_with_search(open_mask, 0o710, 100000))
-    assert (sbs.ACL_USER, 1, 100000) in entries and (sbs.ACL_MASK, 1, undef) in entries
+    entries = A.parse(sbs.acl_with_search(open_mask, 0o710, 100000))
+    assert entries[(A.USER, 100000)] == 1 and entries[(A.MASK, undef)] == 1
     # on a directory: refused with the command to run, nothing changed
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -1854,11 +1855,11 @@ def test_acl_with_search_never_widens_the_mask(tmp_path):
     # an entry for uid that the mask holds back is not taken as search access
     assert not sbs.acl_searchable(
         pack_acl(
-            (sbs.ACL_USER_OBJ, 7, undef),
-            (sbs.ACL_USER, 1, 100000),
-            (sbs.ACL_GROUP_OBJ, 0, undef),
-            (sbs.ACL_MASK, 0, undef),
-            (sbs.ACL_OTHER, 0, undef),
+            (A.USER_OBJ, 7, undef),
+            (A.USER, 1, 100000),
+            (A.GROUP_OBJ, 0, undef),
+            (A.MASK, 0, undef),
+            (A.OTHER, 0, undef),
         ),
         100000,
     )
@@ -1873,8 +1874,8 @@ def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
     cache = home / ".cache/sbuild/.sbuild-fast/debs"
     sbs.ensure_cache_dir(cache, 100000)
     assert str(home) in caplog.text
-    entries = sbs.parse_acl(os.getxattr(home, sbs.ACL_XATTR))
-    assert (sbs.ACL_USER, 1, 100000) in entries
+    entries = A.parse(os.getxattr(home, sbs.ACL_XATTR))
+    assert entries[(A.USER, 100000)] == 1
     assert stat.S_IMODE(home.stat().st_mode) == 0o710  # the mask shows as the group's x
     # the directories made here are 0755: nothing to add on them
     for made in (home / ".cache", home / ".cache/sbuild"):
