@@ -15,8 +15,8 @@ def libacl_entries(acl):
         tag = entry.tag_type
         ident = entry.qualifier if tag in (posix1e.ACL_USER, posix1e.ACL_GROUP) else A.UNDEFINED
         perms = entry.permset
-        result[(tag, ident)] = (4 if perms.read else 0) | (2 if perms.write else 0) | (
-            1 if perms.execute else 0
+        result[(tag, ident)] = (
+            (4 if perms.read else 0) | (2 if perms.write else 0) | (1 if perms.execute else 0)
         )
     return result
 

@@ -1,5 +1,6 @@
 """Unit tests for sbuild-fast: inputs, mmdebstrap recipe, config block, atomic placement."""
 
+import errno
 import json
 import os
 import shutil
@@ -1771,7 +1772,40 @@ def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
     assert os.getxattr(home, sbs.ACL_XATTR) == closed
     # --no-cache needs no search access: created
     assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
-    assert (home / ".cache/sbuild/bookworm-amd64.tar").is_file()
+    tarball = home / ".cache/sbuild/bookworm-amd64.tar"
+    assert tarball.is_file()
+    # update follows the record as it is under the lock: without the cache, refreshed
+    calls.clear()
+    assert sf.main(["update"]) == 0 and len(calls) == 1
+    # a record with the cache: refused before mmdebstrap runs, the tarball kept
+    record = home / ".cache/sbuild/.sbuild-fast/bookworm-amd64.json"
+    record.write_text(json.dumps(dict(json.loads(record.read_text()), cache=True)))
+    calls.clear()
+    kept = tarball.read_bytes()
+    assert sf.main(["update"]) == 2
+    assert "setfacl -m u:100000:x" in capsys.readouterr().err
+    assert calls == [] and tarball.read_bytes() == kept
+
+
+def test_create_refuses_a_filesystem_without_acls(home, monkeypatch, capsys):
+    """ZFS with acltype=off, ext4 mounted noacl: the chroot's root cannot be given
+    write access to the cache, which create says before it writes anything."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    real_getxattr = os.getxattr
+
+    def no_acls(path, attribute, *args, **kwargs):
+        if attribute == sbs.ACL_XATTR:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return real_getxattr(path, attribute, *args, **kwargs)
+
+    monkeypatch.setattr(os, "getxattr", no_acls)
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    assert "without POSIX ACLs" in capsys.readouterr().err
+    assert calls == [] and tree(home) == before
+    assert sf.main(["create", "--dist", "bookworm", "--dry-run"]) == 2
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
 
 
 def test_cache_counts_what_a_sparse_file_holds(tmp_path):

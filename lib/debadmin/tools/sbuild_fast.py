@@ -467,9 +467,9 @@ def create_unshare(
         if recipe.get("cache"):
             result["cache_plan"] = unshare_cache_plan()
         return result
-    if recipe.get("cache"):
-        # What would refuse the cache (no subordinate ids, a mask that would have to
-        # widen) refuses before the tarball is written, not after.
+    if recipe.get("cache") and not from_record:
+        # What would refuse the cache (no subordinate ids, no ACLs, a mask that would
+        # have to widen) refuses before anything is written, not after the tarball.
         unshare_cache_plan()
     for directory in (cache_dir, state_dir):
         try:
@@ -481,6 +481,8 @@ def create_unshare(
             recipe = reread_recipe(state_dir, recipe, mirror)
             if recipe is None:
                 return {"name": name, "path": str(target), "changed": False, "removed": True}
+            if recipe.get("cache"):  # the record as it is now decides (update)
+                unshare_cache_plan()
         remove_stale_scratch(state_dir)
         with scratch_dir(state_dir) as scratch:
             output = scratch / target.name
@@ -515,6 +517,7 @@ def unshare_cache_plan() -> List[str]:
     if writer is None:
         raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
     cache = sbs.package_cache_dir("unshare")
+    sbs.check_acl_support(cache)
     verb = "set" if cache.is_dir() else "create"
     plan = [f"would {verb} package cache {cache} with ACL u:{writer}:rwx (the chroot's root)"]
     for parent in sbs.grant_search_path(cache, writer, dry_run=True):

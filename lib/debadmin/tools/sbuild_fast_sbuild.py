@@ -824,6 +824,21 @@ def grant_search_path(directory: Path, uid: int, dry_run: bool = False) -> List[
     return changed
 
 
+def check_acl_support(directory: Path) -> None:
+    """Raise Error when the filesystem directory is (or will be made) on has no POSIX
+    ACLs (ZFS with acltype=off, ext4 mounted noacl): the chroot's root could not be let
+    write to the cache there."""
+    existing = next((d for d in (directory, *directory.parents) if d.exists()), Path("/"))
+    try:
+        os.getxattr(existing, ACL_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise Error(
+                f"{existing} is on a filesystem without POSIX ACLs: the chroot's root "
+                "cannot be let write to the package cache there; use --no-cache"
+            ) from None
+
+
 def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
     """The cache directory, the caller's, mode 0755; writer: a uid that gets write access
     through an ACL (an unshare-mode chroot's root), and search access to the caller's
