@@ -244,7 +244,7 @@ def test_mmdebstrap_refresh_argv_unshare():
     assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
     assert hooks[2].endswith(" install fakeroot debhelper eatmydata dh-python")
     assert hooks[3].endswith(" --purge autoremove")
-    assert hooks[4] == sf.EATMYDATA_HOOK and hooks[5] == sf.CLEANUP_HOOK
+    assert hooks[4:] == [sf.EATMYDATA_HOOK, sf.APPSTREAM_HOOK, sf.CLEANUP_HOOK]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert argv[-3:] == ["bookworm", "/c/tmp.x/out.tar", "http://deb.debian.org/debian"]
 
@@ -1647,9 +1647,39 @@ def test_cache_hook_wires_apt(tmp_path, eatmydata):
 def test_argv_has_the_cache_hook_only_with_the_cache():
     with_cache = sf.mmdebstrap_argv(dict(RECIPE, cache=True), "/c/out.tar", "unshare")
     hooks = [a.split("=", 1)[1] for a in with_cache if a.startswith("--customize-hook=")]
-    assert hooks[-3:] == [sf.EATMYDATA_HOOK, sf.cache_hook(True), sf.CLEANUP_HOOK]
+    assert hooks[-4:] == [
+        sf.EATMYDATA_HOOK,
+        sf.APPSTREAM_HOOK,
+        sf.cache_hook(True),
+        sf.CLEANUP_HOOK,
+    ]
     plain = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert not any(sbs.CACHE_APT_CONF in a for a in plain)
+
+
+@pytest.mark.skipif(not shutil.which("apt-config"), reason="apt not installed")
+def test_appstream_hook_turns_the_dep11_index_off(tmp_path):
+    """trixie's lintian brings appstream, whose 50appstream adds the DEP-11 Components
+    index to every apt update; the hook's file, read after it, turns it off."""
+    root = tmp_path / "tree"
+    parts = root / "etc/apt/apt.conf.d"
+    parts.mkdir(parents=True)
+    (parts / "50appstream").write_text(
+        'Acquire::IndexTargets { deb::DEP-11 { MetaKey "$(COMPONENT)/dep11/'
+        'Components-$(NATIVE_ARCHITECTURE).yml"; KeepCompressed "true"; }; };\n'
+    )
+    subprocess.run(["sh", "-c", sf.APPSTREAM_HOOK, "exec", str(root)], check=True)
+    # APT_CONFIG is read first, and names the parts directory apt then reads
+    (tmp_path / "apt.conf").write_text(f'Dir::Etc::Parts "{parts}";\n')
+    dump = subprocess.run(
+        ["apt-config", "dump"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, APT_CONFIG=str(tmp_path / "apt.conf")),
+    ).stdout
+    assert 'Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";' in dump
+    assert 'Acquire::IndexTargets::deb::DEP-11::MetaKey "' in dump
 
 
 def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):

@@ -24,6 +24,7 @@ SCHROOT_CONF_DIR = "etc/schroot/chroot.d"
 SCHROOT_STATE_DIR = "var/lib/sbuild-fast"
 EATMYDATA_DIR = "/usr/local/libexec/sbuild-fast"
 EATMYDATA_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-eatmydata"
+APPSTREAM_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-appstream"
 MARKER = "/etc/sbuild-fast"
 BASE_INCLUDE = ("fakeroot", "debhelper")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
