@@ -1,5 +1,6 @@
 """Unit tests for sbuild-fast: inputs, mmdebstrap recipe, config block, atomic placement."""
 
+import errno
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from debadmin import posixacl as A
 from debadmin.errors import Error
 from debadmin.tools import sbuild_fast as sf
 from debadmin.tools import sbuild_fast_doctor as sfd
@@ -32,9 +34,43 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
     # the chroot's root, to whom the package cache's ACL grants write access
     monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
+    # the system's schroot records stay out (a host with schroot chroots of its own)
+    system_states = tmp_path / sbs.SCHROOT_STATE_DIR
+    monkeypatch.setattr(
+        sbs,
+        "all_states",
+        lambda: sbs.read_states(sbs.user_cache_dir() / sbs.STATE_SUBDIR)
+        + sbs.read_states(system_states),
+    )
     cache = tmp_path / ".cache/sbuild"
     cache.mkdir(parents=True)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def restore_search_acls(tmp_path_factory):
+    """create grants the chroot's root search access on the caller's closed directories
+    above the cache, pytest's own 0700 directories among them: put their ACLs and modes
+    back, or the next run (pytest chmods its base to 0700, leaving a mask of ---) would
+    find a home it must refuse."""
+    base = tmp_path_factory.getbasetemp()
+    saved = {d: (access_acl(d), os.stat(d).st_mode & 0o7777) for d in (base, *base.parents)}
+    yield
+    for directory, (data, mode) in saved.items():
+        if access_acl(directory) != data:
+            if data is None:
+                os.removexattr(directory, sbs.ACL_XATTR)
+            else:
+                os.setxattr(directory, sbs.ACL_XATTR, data)
+        if os.stat(directory).st_mode & 0o7777 != mode:
+            os.chmod(directory, mode)
+
+
+def access_acl(path):
+    try:
+        return os.getxattr(path, sbs.ACL_XATTR)
+    except OSError:
+        return None
 
 
 def tree(path):
@@ -208,7 +244,7 @@ def test_mmdebstrap_refresh_argv_unshare():
     assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
     assert hooks[2].endswith(" install fakeroot debhelper eatmydata dh-python")
     assert hooks[3].endswith(" --purge autoremove")
-    assert hooks[4] == sf.EATMYDATA_HOOK and hooks[5] == sf.CLEANUP_HOOK
+    assert hooks[4:] == [sf.EATMYDATA_HOOK, sf.APPSTREAM_HOOK, sf.CLEANUP_HOOK]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert argv[-3:] == ["bookworm", "/c/tmp.x/out.tar", "http://deb.debian.org/debian"]
 
@@ -1611,9 +1647,39 @@ def test_cache_hook_wires_apt(tmp_path, eatmydata):
 def test_argv_has_the_cache_hook_only_with_the_cache():
     with_cache = sf.mmdebstrap_argv(dict(RECIPE, cache=True), "/c/out.tar", "unshare")
     hooks = [a.split("=", 1)[1] for a in with_cache if a.startswith("--customize-hook=")]
-    assert hooks[-3:] == [sf.EATMYDATA_HOOK, sf.cache_hook(True), sf.CLEANUP_HOOK]
+    assert hooks[-4:] == [
+        sf.EATMYDATA_HOOK,
+        sf.APPSTREAM_HOOK,
+        sf.cache_hook(True),
+        sf.CLEANUP_HOOK,
+    ]
     plain = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert not any(sbs.CACHE_APT_CONF in a for a in plain)
+
+
+@pytest.mark.skipif(not shutil.which("apt-config"), reason="apt not installed")
+def test_appstream_hook_turns_the_dep11_index_off(tmp_path):
+    """trixie's lintian brings appstream, whose 50appstream adds the DEP-11 Components
+    index to every apt update; the hook's file, read after it, turns it off."""
+    root = tmp_path / "tree"
+    parts = root / "etc/apt/apt.conf.d"
+    parts.mkdir(parents=True)
+    (parts / "50appstream").write_text(
+        'Acquire::IndexTargets { deb::DEP-11 { MetaKey "$(COMPONENT)/dep11/'
+        'Components-$(NATIVE_ARCHITECTURE).yml"; KeepCompressed "true"; }; };\n'
+    )
+    subprocess.run(["sh", "-c", sf.APPSTREAM_HOOK, "exec", str(root)], check=True)
+    # APT_CONFIG is read first, and names the parts directory apt then reads
+    (tmp_path / "apt.conf").write_text(f'Dir::Etc::Parts "{parts}";\n')
+    dump = subprocess.run(
+        ["apt-config", "dump"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, APT_CONFIG=str(tmp_path / "apt.conf")),
+    ).stdout
+    assert 'Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";' in dump
+    assert 'Acquire::IndexTargets::deb::DEP-11::MetaKey "' in dump
 
 
 def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):
@@ -1710,22 +1776,98 @@ def test_rule_package_cache():
     assert gone["code"] == "package-cache-missing" and gone["severity"] == "action"
 
 
+def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
+    """A home whose mask would have to widen for the chroot's root: create refuses
+    before mmdebstrap runs, not after the tarball is written."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    undef = A.UNDEFINED
+    closed = pack_acl(
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 0, undef),
+        (A.OTHER, 0, undef),
+    )
+    os.chmod(home, 0o700)
+    try:
+        os.setxattr(home, sbs.ACL_XATTR, closed)
+    except OSError:
+        pytest.skip("no POSIX ACLs here")
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    err = capsys.readouterr().err
+    assert "setfacl -m u:100000:x" in err and len(err.strip().splitlines()) == 1
+    assert calls == [] and tree(home) == before
+    assert os.getxattr(home, sbs.ACL_XATTR) == closed
+    # --no-cache needs no search access: created
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
+    tarball = home / ".cache/sbuild/bookworm-amd64.tar"
+    assert tarball.is_file()
+    # update follows the record as it is under the lock: without the cache, refreshed
+    calls.clear()
+    assert sf.main(["update"]) == 0 and len(calls) == 1
+    # a record with the cache: refused before mmdebstrap runs, the tarball kept
+    record = home / ".cache/sbuild/.sbuild-fast/bookworm-amd64.json"
+    record.write_text(json.dumps(dict(json.loads(record.read_text()), cache=True)))
+    calls.clear()
+    kept = tarball.read_bytes()
+    assert sf.main(["update"]) == 2
+    assert "setfacl -m u:100000:x" in capsys.readouterr().err
+    assert calls == [] and tarball.read_bytes() == kept
+
+
+def test_create_refuses_a_filesystem_without_acls(home, monkeypatch, capsys):
+    """ZFS with acltype=off, ext4 mounted noacl: the chroot's root cannot be given
+    write access to the cache, which create says before it writes anything."""
+    run, calls = fake_mmdebstrap()
+    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    real_getxattr = os.getxattr
+
+    def no_acls(path, attribute, *args, **kwargs):
+        if attribute == sbs.ACL_XATTR:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return real_getxattr(path, attribute, *args, **kwargs)
+
+    monkeypatch.setattr(os, "getxattr", no_acls)
+    before = tree(home)
+    assert sf.main(["create", "--dist", "bookworm"]) == 2
+    assert "without POSIX ACLs" in capsys.readouterr().err
+    assert calls == [] and tree(home) == before
+    assert sf.main(["create", "--dist", "bookworm", "--dry-run"]) == 2
+    assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
+
+
+def test_cache_counts_what_a_sparse_file_holds(tmp_path):
+    """A sparse .deb (the chroot's root can write there) counts what it holds on disk,
+    not its apparent size, so it cannot evict every other package."""
+    now = time.time()
+    cache = fill_cache(tmp_path / "debs", [(300, 30), (200, 10)], now)
+    with open(cache / "sparse_1.0_all.deb", "wb") as sparse:
+        sparse.truncate(1 << 30)
+    (size,) = [e[1] for e in sbs.cache_entries(cache) if e[0].name.startswith("sparse")]
+    assert size < 1 << 20
+    result = sbs.prune_cache(cache, 1000, now)
+    assert result["removed_files"] == 0
+    assert len(list(cache.glob("*.deb"))) == 3
+
+
 def test_acl_with_search_keeps_the_groups_rights():
     # mode 0750, no ACL yet: u::rwx,u:100000:--x,g::r-x,m::r-x,o::---
     data = sbs.acl_with_search(None, 0o750, 100000)
-    assert sbs.parse_acl(data) == [
-        (sbs.ACL_USER_OBJ, 7, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_USER, 1, 100000),
-        (sbs.ACL_GROUP_OBJ, 5, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_MASK, 5, sbs.ACL_UNDEFINED_ID),
-        (sbs.ACL_OTHER, 0, sbs.ACL_UNDEFINED_ID),
-    ]
+    assert data == pack_acl(
+        (A.USER_OBJ, 7, A.UNDEFINED),
+        (A.USER, 1, 100000),
+        (A.GROUP_OBJ, 5, A.UNDEFINED),
+        (A.MASK, 5, A.UNDEFINED),
+        (A.OTHER, 0, A.UNDEFINED),
+    )
     # an ACL that has a named user already: kept, the new one sorted in by id
     again = sbs.acl_with_search(sbs.acl_granting(200000), 0o775, 100000)
-    users = [(p, i) for t, p, i in sbs.parse_acl(again) if t == sbs.ACL_USER]
+    users = [(p, i) for (t, i), p in A.parse(again).items() if t == A.USER]
     assert users == [(1, 100000), (7, 200000)]
     with pytest.raises(ValueError):
-        sbs.parse_acl(b"\x01\x00\x00\x00")
+        A.parse(b"\x01\x00\x00\x00")
 
 
 def pack_acl(*entries):
@@ -1735,35 +1877,35 @@ def pack_acl(*entries):
 def test_acl_with_search_never_widens_the_mask(tmp_path):
     """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
     re-open it to user 1234, so the directory is refused and left as it was."""
-    undef = sbs.ACL_UNDEFINED_ID
+    undef = A.UNDEFINED
     closed = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_USER, 5, 1234),
-        (sbs.ACL_GROUP_OBJ, 0, undef),
-        (sbs.ACL_MASK, 0, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 0, undef),
+        (A.OTHER, 0, undef),
     )
     with pytest.raises(Error, match="user 1234"):
         sbs.acl_with_search(closed, 0o700, 100000)
     # the owning group's r-x held back by the mask counts too
     group = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_GROUP_OBJ, 5, undef),
-        (sbs.ACL_MASK, 4, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.GROUP_OBJ, 5, undef),
+        (A.MASK, 4, undef),
+        (A.OTHER, 0, undef),
     )
     with pytest.raises(Error, match="the owning group"):
         sbs.acl_with_search(group, 0o740, 100000)
     # a mask that has x already: only the new entry is added, the mask unchanged
     open_mask = pack_acl(
-        (sbs.ACL_USER_OBJ, 7, undef),
-        (sbs.ACL_USER, 5, 1234),
-        (sbs.ACL_GROUP_OBJ, 0, undef),
-        (sbs.ACL_MASK, 1, undef),
-        (sbs.ACL_OTHER, 0, undef),
+        (A.USER_OBJ, 7, undef),
+        (A.USER, 5, 1234),
+        (A.GROUP_OBJ, 0, undef),
+        (A.MASK, 1, undef),
+        (A.OTHER, 0, undef),
     )
-    entries = sbs.parse_acl(sbs.acl_with_search(open_mask, 0o710, 100000))
-    assert (sbs.ACL_USER, 1, 100000) in entries and (sbs.ACL_MASK, 1, undef) in entries
+    entries = A.parse(sbs.acl_with_search(open_mask, 0o710, 100000))
+    assert entries[(A.USER, 100000)] == 1 and entries[(A.MASK, undef)] == 1
     # on a directory: refused with the command to run, nothing changed
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -1777,11 +1919,11 @@ def test_acl_with_search_never_widens_the_mask(tmp_path):
     # an entry for uid that the mask holds back is not taken as search access
     assert not sbs.acl_searchable(
         pack_acl(
-            (sbs.ACL_USER_OBJ, 7, undef),
-            (sbs.ACL_USER, 1, 100000),
-            (sbs.ACL_GROUP_OBJ, 0, undef),
-            (sbs.ACL_MASK, 0, undef),
-            (sbs.ACL_OTHER, 0, undef),
+            (A.USER_OBJ, 7, undef),
+            (A.USER, 1, 100000),
+            (A.GROUP_OBJ, 0, undef),
+            (A.MASK, 0, undef),
+            (A.OTHER, 0, undef),
         ),
         100000,
     )
@@ -1796,8 +1938,8 @@ def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
     cache = home / ".cache/sbuild/.sbuild-fast/debs"
     sbs.ensure_cache_dir(cache, 100000)
     assert str(home) in caplog.text
-    entries = sbs.parse_acl(os.getxattr(home, sbs.ACL_XATTR))
-    assert (sbs.ACL_USER, 1, 100000) in entries
+    entries = A.parse(os.getxattr(home, sbs.ACL_XATTR))
+    assert entries[(A.USER, 100000)] == 1
     assert stat.S_IMODE(home.stat().st_mode) == 0o710  # the mask shows as the group's x
     # the directories made here are 0755: nothing to add on them
     for made in (home / ".cache", home / ".cache/sbuild"):

@@ -32,8 +32,9 @@ from __future__ import annotations  # annotations stay text: typing is never imp
 import errno
 import os
 import stat
-import struct
 import posix1e
+
+from debadmin import posixacl
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
@@ -50,14 +51,12 @@ USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
     posix1e.ACL_MASK,
     posix1e.ACL_OTHER,
 )
-UNDEFINED = 0xFFFFFFFF  # the id of an entry that names no user or group
+UNDEFINED = posixacl.UNDEFINED  # the id of an entry that names no user or group
 R, W, X = posix1e.ACL_READ, posix1e.ACL_WRITE, posix1e.ACL_EXECUTE
 # Numeric ids: the text is a cache key and must not depend on (or wait for) NSS.
 TEXT_OPTIONS = posix1e.TEXT_NUMERIC_IDS | posix1e.TEXT_ABBREVIATE
 
-ACCESS_XATTR, DEFAULT_XATTR = "system.posix_acl_access", "system.posix_acl_default"
-XATTR_VERSION = b"\x02\x00\x00\x00"  # POSIX_ACL_XATTR_VERSION, little-endian
-TAGS = frozenset((USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER))
+ACCESS_XATTR, DEFAULT_XATTR = posixacl.ACCESS_XATTR, posixacl.DEFAULT_XATTR
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 32
@@ -97,21 +96,15 @@ def to_acl(items: Entries) -> posix1e.ACL:
 
 def parse(data: bytes) -> Optional[Entries]:
     """The entries of a system.posix_acl_access or _default attribute as the kernel
-    gives it (version 2, then tag, perm, id, little-endian); None for none (b"").
+    gives it; None for none (b"").
 
     The same (tag, id) -> rwx bits as entries() makes of libacl's reading, without
     libacl: check parses only the few distinct ACLs of a journal this way.
     """
-    if not data:
-        return None
-    if len(data) % 8 != 4 or data[:4] != XATTR_VERSION:
-        raise AclError("cannot read the ACL: not a POSIX ACL attribute")
-    result: Entries = {}
-    for tag, perm, ident in struct.iter_unpack("<HHI", data[4:]):
-        if tag not in TAGS:
-            raise AclError(f"cannot read the ACL: unknown entry tag {tag:#x}")
-        result[(tag, ident if tag in (USER, GROUP) else UNDEFINED)] = perm & 7
-    return result or None
+    try:
+        return posixacl.parse(data)
+    except posixacl.FormatError as exc:
+        raise AclError(f"cannot read the ACL: {exc}") from None
 
 
 def text(acl: Optional[posix1e.ACL]) -> bytes:
@@ -119,13 +112,7 @@ def text(acl: Optional[posix1e.ACL]) -> bytes:
     return b"" if acl is None else acl.to_any_text(options=TEXT_OPTIONS, separator=b",")
 
 
-def from_mode(mode: int) -> Entries:
-    """The minimal ACL a file without an access ACL has: its permission bits."""
-    return {
-        (USER_OBJ, UNDEFINED): (mode >> 6) & 7,
-        (GROUP_OBJ, UNDEFINED): (mode >> 3) & 7,
-        (OTHER, UNDEFINED): mode & 7,
-    }
+from_mode = posixacl.from_mode
 
 
 def magic_link(fd: int) -> str:

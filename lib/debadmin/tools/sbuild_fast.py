@@ -54,6 +54,18 @@ EATMYDATA_HOOK = (
     f"printf '#!/bin/sh\\n{sbs.APT_WRAPPER_TAG}\\nexec /usr/bin/eatmydata /usr/bin/%s \"$@\"\\n' "
     f'"$t" > "$1{_WRAP_DIR}/$t" && chmod 755 "$1{_WRAP_DIR}/$t" || exit 1; done'
 )
+# trixie's lintian depends on appstream, whose apt.conf.d/50appstream adds AppStream's
+# DEP-11 Components index to every apt update. The tarball's lists were fetched before
+# lintian came in, so sbuild's apt update fetched that index anew at every build (5.2 MB
+# for trixie main, ~2 s of its "Update chroot"), for builds that read no AppStream data.
+APPSTREAM_APT_LINES = (
+    "// sbuild-fast: builds read no AppStream metadata (appstream comes with lintian)",
+    'Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";',
+)
+APPSTREAM_HOOK = (
+    f'printf "%s\\n" {" ".join(shlex.quote(line) for line in APPSTREAM_APT_LINES)} '
+    f'> "$1{sbs.APPSTREAM_APT_CONF}"'
+)
 # The package cache shared across builds (sbs.CACHE_MOUNTPOINT, a host directory
 # bind-mounted by sbuild): apt downloads as the chroot's root, to whom the directory is
 # open (its _apt is not), and apt-get runs under flock on the cache's lock file, so that
@@ -265,6 +277,7 @@ def _packages(recipe: Dict) -> List[str]:
 
 def _tail(recipe: Dict, output: str) -> List[str]:
     argv = [f"--customize-hook={EATMYDATA_HOOK}"] if recipe["eatmydata"] else []
+    argv.append(f"--customize-hook={APPSTREAM_HOOK}")
     if recipe.get("cache"):
         argv.append(f"--customize-hook={cache_hook(recipe['eatmydata'])}")
     argv.append(f"--customize-hook={CLEANUP_HOOK}")
@@ -467,6 +480,10 @@ def create_unshare(
         if recipe.get("cache"):
             result["cache_plan"] = unshare_cache_plan()
         return result
+    if recipe.get("cache") and not from_record:
+        # What would refuse the cache (no subordinate ids, no ACLs, a mask that would
+        # have to widen) refuses before anything is written, not after the tarball.
+        unshare_cache_plan()
     for directory in (cache_dir, state_dir):
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -477,6 +494,8 @@ def create_unshare(
             recipe = reread_recipe(state_dir, recipe, mirror)
             if recipe is None:
                 return {"name": name, "path": str(target), "changed": False, "removed": True}
+            if recipe.get("cache"):  # the record as it is now decides (update)
+                unshare_cache_plan()
         remove_stale_scratch(state_dir)
         with scratch_dir(state_dir) as scratch:
             output = scratch / target.name
@@ -511,6 +530,7 @@ def unshare_cache_plan() -> List[str]:
     if writer is None:
         raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
     cache = sbs.package_cache_dir("unshare")
+    sbs.check_acl_support(cache)
     verb = "set" if cache.is_dir() else "create"
     plan = [f"would {verb} package cache {cache} with ACL u:{writer}:rwx (the chroot's root)"]
     for parent in sbs.grant_search_path(cache, writer, dry_run=True):

@@ -9,12 +9,11 @@ import os
 import pwd
 import re
 import stat
-import struct
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from debadmin import debver, fsutil, proc
+from debadmin import debver, fsutil, posixacl, proc
 from debadmin.errors import Error
 
 log = logging.getLogger("debadmin")
@@ -25,6 +24,7 @@ SCHROOT_CONF_DIR = "etc/schroot/chroot.d"
 SCHROOT_STATE_DIR = "var/lib/sbuild-fast"
 EATMYDATA_DIR = "/usr/local/libexec/sbuild-fast"
 EATMYDATA_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-eatmydata"
+APPSTREAM_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-appstream"
 MARKER = "/etc/sbuild-fast"
 BASE_INCLUDE = ("fakeroot", "debhelper")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
@@ -685,8 +685,11 @@ def cache_entries(
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
+            # What the file holds on disk: a sparse file's apparent size could
+            # otherwise evict every other package from the cache.
+            size = min(info.st_size, info.st_blocks * 512)
             entries.append(
-                (directory / name, info.st_size, max(info.st_mtime, info.st_atime), info.st_uid)
+                (directory / name, size, max(info.st_mtime, info.st_atime), info.st_uid)
             )
     return entries
 
@@ -726,31 +729,15 @@ def subordinate_root(user: str, root: Path = Path("/")) -> Optional[int]:
     return None
 
 
-# POSIX ACL xattr (linux/posix_acl_xattr.h): version 2, then (tag, perm, id) entries
-# sorted by tag and id.
-ACL_XATTR = "system.posix_acl_access"
-ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP = 0x01, 0x02, 0x04, 0x08
-ACL_MASK, ACL_OTHER = 0x10, 0x20
-ACL_UNDEFINED_ID = 0xFFFFFFFF
+ACL_XATTR = posixacl.ACCESS_XATTR
 
 
 def acl_granting(uid: int) -> bytes:
     """The access ACL u::rwx,u:UID:rwx,g::r-x,m::rwx,o::r-x."""
-    entries = [
-        (ACL_USER_OBJ, 7, ACL_UNDEFINED_ID),
-        (ACL_USER, 7, uid),
-        (ACL_GROUP_OBJ, 5, ACL_UNDEFINED_ID),
-        (ACL_MASK, 7, ACL_UNDEFINED_ID),
-        (ACL_OTHER, 5, ACL_UNDEFINED_ID),
-    ]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def parse_acl(data: bytes) -> List[Tuple[int, int, int]]:
-    """(tag, perm, id) entries of a POSIX ACL xattr."""
-    if len(data) < 4 or struct.unpack_from("<I", data)[0] != 2 or (len(data) - 4) % 8:
-        raise ValueError("not a version 2 POSIX ACL")
-    return [struct.unpack_from("<HHI", data, off) for off in range(4, len(data), 8)]
+    entries = posixacl.from_mode(0o755)
+    entries[(posixacl.USER, uid)] = 7
+    entries[(posixacl.MASK, posixacl.UNDEFINED)] = 7
+    return posixacl.pack(entries)
 
 
 def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
@@ -758,47 +745,37 @@ def acl_with_search(data: Optional[bytes], mode: int, uid: int) -> bytes:
     added, no one else's effective rights changed. Raises Error when uid's x would only
     be effective by adding x to the mask while another group-class entry (the owning
     group, a named user or group) holds x: that would widen their access too."""
-    if data:
-        entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
-    else:
-        entries = {
-            (ACL_USER_OBJ, ACL_UNDEFINED_ID): (mode >> 6) & 7,
-            (ACL_GROUP_OBJ, ACL_UNDEFINED_ID): (mode >> 3) & 7,
-            (ACL_OTHER, ACL_UNDEFINED_ID): mode & 7,
-        }
-    mask_key = (ACL_MASK, ACL_UNDEFINED_ID)
+    entries = posixacl.parse(data or b"") or posixacl.from_mode(mode)
+    mask_key = (posixacl.MASK, posixacl.UNDEFINED)
     if mask_key in entries and not entries[mask_key] & 1:
         widened = [
             acl_entry_name(tag, ident)
             for (tag, ident), perm in sorted(entries.items())
-            if tag in (ACL_USER, ACL_GROUP, ACL_GROUP_OBJ)
+            if tag in (posixacl.USER, posixacl.GROUP, posixacl.GROUP_OBJ)
             and perm & 1
-            and (tag, ident) != (ACL_USER, uid)
+            and (tag, ident) != (posixacl.USER, uid)
         ]
         if widened:
             raise Error(
                 f"its ACL mask has no x: adding it would also let {', '.join(widened)} search"
             )
-    entries[(ACL_USER, uid)] = entries.get((ACL_USER, uid), 0) | 1
-    group = entries[(ACL_GROUP_OBJ, ACL_UNDEFINED_ID)]
+    entries[(posixacl.USER, uid)] = entries.get((posixacl.USER, uid), 0) | 1
+    group = entries[(posixacl.GROUP_OBJ, posixacl.UNDEFINED)]
     entries[mask_key] = entries.get(mask_key, group) | 1
-    ordered = sorted(entries.items(), key=lambda kv: (kv[0][0], kv[0][1]))
-    return struct.pack("<I", 2) + b"".join(
-        struct.pack("<HHI", tag, perm, ident) for (tag, ident), perm in ordered
-    )
+    return posixacl.pack(entries)
 
 
 def acl_entry_name(tag: int, ident: int) -> str:
-    if tag == ACL_GROUP_OBJ:
+    if tag == posixacl.GROUP_OBJ:
         return "the owning group"
-    return f"{'user' if tag == ACL_USER else 'group'} {ident}"
+    return f"{'user' if tag == posixacl.USER else 'group'} {ident}"
 
 
 def acl_searchable(data: bytes, uid: int) -> bool:
     """Whether the ACL lets uid search, through its named entry and the mask."""
-    entries = {(tag, ident): perm for tag, perm, ident in parse_acl(data)}
-    mask = entries.get((ACL_MASK, ACL_UNDEFINED_ID), 7)
-    return bool(entries.get((ACL_USER, uid), 0) & mask & 1)
+    entries = posixacl.parse(data) or {}
+    mask = entries.get((posixacl.MASK, posixacl.UNDEFINED), 7)
+    return bool(entries.get((posixacl.USER, uid), 0) & mask & 1)
 
 
 def grant_search_path(directory: Path, uid: int, dry_run: bool = False) -> List[Path]:
@@ -846,6 +823,21 @@ def grant_search_path(directory: Path, uid: int, dry_run: bool = False) -> List[
             raise Error(f"cannot let uid {uid} search {parent}: {exc.strerror}") from None
         changed.append(parent)
     return changed
+
+
+def check_acl_support(directory: Path) -> None:
+    """Raise Error when the filesystem directory is (or will be made) on has no POSIX
+    ACLs (ZFS with acltype=off, ext4 mounted noacl): the chroot's root could not be let
+    write to the cache there."""
+    existing = next((d for d in (directory, *directory.parents) if d.exists()), Path("/"))
+    try:
+        os.getxattr(existing, ACL_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP):
+            raise Error(
+                f"{existing} is on a filesystem without POSIX ACLs: the chroot's root "
+                "cannot be let write to the package cache there; use --no-cache"
+            ) from None
 
 
 def ensure_cache_dir(directory: Path, writer: Optional[int] = None) -> None:
