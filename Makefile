@@ -111,13 +111,15 @@ lintian:
 
 # The testbed is a fresh $(RELEASE) tree made by mmdebstrap and entered with unshare:
 # the tests install the packages there, not on the host.
+# Through a pipe: the testbed's /dev/stdout and /dev/stderr are links to /proc/self/fd/N,
+# and a '>' to one of them there truncates a log file make's output is redirected to.
 autopkgtest: subids
 	$(call need,autopkgtest mmdebstrap,check-deps)
 	@[ -f $(CHANGES) ] || { echo "make $@: no $(CHANGES): run 'make build' first" >&2; exit 2; }
 	@echo "=== autopkgtest: $(RELEASE) testbed, packages of $(CHANGES)"
 	mmdebstrap --variant=minbase --include=ca-certificates $(RELEASE) $(BUILD)/testbed-$(RELEASE).tar
-	rc=0; autopkgtest --apt-upgrade $(CHANGES) -- \
-		unshare --release $(RELEASE) --tarball $(BUILD)/testbed-$(RELEASE).tar || rc=$$?; \
+	rc=0; set -o pipefail; autopkgtest --apt-upgrade $(CHANGES) -- \
+		unshare --release $(RELEASE) --tarball $(BUILD)/testbed-$(RELEASE).tar 2>&1 | cat || rc=$$?; \
 		rm -f $(BUILD)/testbed-$(RELEASE).tar; \
 		if [ $$rc -ne 0 ] && [ $$rc -ne 2 ]; then \
 			echo "autopkgtest $(RELEASE) failed (exit $$rc)"; exit 1; fi; \

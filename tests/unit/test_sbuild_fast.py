@@ -1781,14 +1781,7 @@ def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
     before mmdebstrap runs, not after the tarball is written."""
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
-    undef = A.UNDEFINED
-    closed = pack_acl(
-        (A.USER_OBJ, 7, undef),
-        (A.USER, 5, 1234),
-        (A.GROUP_OBJ, 0, undef),
-        (A.MASK, 0, undef),
-        (A.OTHER, 0, undef),
-    )
+    closed = closed_home_acl()
     os.chmod(home, 0o700)
     try:
         os.setxattr(home, sbs.ACL_XATTR, closed)
@@ -1874,17 +1867,24 @@ def pack_acl(*entries):
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
-def test_acl_with_search_never_widens_the_mask(tmp_path):
-    """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
-    re-open it to user 1234, so the directory is refused and left as it was."""
+def closed_home_acl():
+    """u::rwx,u:1234:r-x,g::---,m::---,o::---: a home closed with the mask, user 1234's
+    entry held back by it."""
     undef = A.UNDEFINED
-    closed = pack_acl(
+    return pack_acl(
         (A.USER_OBJ, 7, undef),
         (A.USER, 5, 1234),
         (A.GROUP_OBJ, 0, undef),
         (A.MASK, 0, undef),
         (A.OTHER, 0, undef),
     )
+
+
+def test_acl_with_search_never_widens_the_mask(tmp_path):
+    """A home closed with the mask (u:1234:r-x but m::---): adding x to the mask would
+    re-open it to user 1234, so the directory is refused and left as it was."""
+    undef = A.UNDEFINED
+    closed = closed_home_acl()
     with pytest.raises(Error, match="user 1234"):
         sbs.acl_with_search(closed, 0o700, 100000)
     # the owning group's r-x held back by the mask counts too

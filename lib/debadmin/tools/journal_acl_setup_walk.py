@@ -43,14 +43,15 @@ if TYPE_CHECKING:
     Entries = Dict[Tuple[int, int], int]  # (tag, id) -> rwx bits
     FileRead = Tuple[str, int, int, bytes]  # a file read by name: name, mode, gid, access ACL
 
-USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
-    posix1e.ACL_USER_OBJ,
-    posix1e.ACL_USER,
-    posix1e.ACL_GROUP_OBJ,
-    posix1e.ACL_GROUP,
-    posix1e.ACL_MASK,
-    posix1e.ACL_OTHER,
+# The tags as the kernel stores them, which are libacl's values too (test_posixacl), so
+# that entries() of a posix1e.ACL and parse() of an attribute key alike.
+USER_OBJ, USER, GROUP_OBJ, GROUP = (
+    posixacl.USER_OBJ,
+    posixacl.USER,
+    posixacl.GROUP_OBJ,
+    posixacl.GROUP,
 )
+MASK, OTHER = posixacl.MASK, posixacl.OTHER
 UNDEFINED = posixacl.UNDEFINED  # the id of an entry that names no user or group
 R, W, X = posix1e.ACL_READ, posix1e.ACL_WRITE, posix1e.ACL_EXECUTE
 # Numeric ids: the text is a cache key and must not depend on (or wait for) NSS.
