@@ -22,6 +22,9 @@ from debadmin.tools import sbuild_fast_sbuild as sbs
 DATA = Path(__file__).resolve().parents[1] / "data" / "sbuild-fast"
 
 
+TEXT = {"capture_output": True, "text": True, "check": False}
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A private HOME with an sbuild cache dir; the host arch is fixed."""
@@ -1639,9 +1642,39 @@ def test_cache_hook_wires_apt(tmp_path, eatmydata):
     assert wrapper.stat().st_mode & 0o777 == 0o755
     last = wrapper.read_text().splitlines()[-1]
     under = "/usr/bin/eatmydata /usr/bin/apt-get" if eatmydata else "/usr/bin/apt-get"
-    assert last == (
-        "exec /usr/bin/flock -o -w 600 /var/cache/apt/archives/.sbuild-fast.lock " f'{under} "$@"'
+    assert last.startswith(
+        "exec /usr/bin/flock -o -w 600 /var/cache/apt/archives/.sbuild-fast.lock /bin/sh -c "
     )
+    assert last.endswith(f' {under} "$@"')
+    # Run for real, the paths moved under tmp_path: under the lock, sbuild's dummy
+    # packages leave the cache (an earlier build's, of the same size, would be
+    # installed instead of this build's), the rest stays, apt-get gets its arguments.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in (
+        "sbuild-build-depends-main-dummy_0.invalid.0_amd64.deb",
+        "sbuild-build-depends-lintian-dummy_0.invalid.0_all.deb",
+        "pax_1%3a20201030-2_amd64.deb",
+    ):
+        (cache / name).write_bytes(b"x" * 888)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "flock").write_text('#!/bin/sh\nshift 4\nexec "$@"\n')
+    (fake / "apt-get").write_text('#!/bin/sh\necho "apt-get $*"\n')
+    (fake / "eatmydata").write_text('#!/bin/sh\nexec "$@"\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    script = wrapper.read_text()
+    for real, stand_in in (
+        ("/usr/bin/flock", fake / "flock"),
+        ("/usr/bin/eatmydata", fake / "eatmydata"),
+        ("/usr/bin/apt-get", fake / "apt-get"),
+        ("/var/cache/apt/archives", cache),
+    ):
+        script = script.replace(real, str(stand_in))
+    run = subprocess.run(["sh", "-c", script, "apt-get", "install", "-y", "pax"], **TEXT)
+    assert run.returncode == 0 and run.stdout == "apt-get install -y pax\n"
+    assert sorted(p.name for p in cache.iterdir()) == ["pax_1%3a20201030-2_amd64.deb"]
 
 
 def test_argv_has_the_cache_hook_only_with_the_cache():

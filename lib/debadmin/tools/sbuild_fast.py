@@ -83,6 +83,15 @@ CACHE_APT_LINES = (
 )
 
 
+# sbuild's resolver builds its dummy packages (sbuild-build-depends-main-dummy and the
+# like) with one version, 0.invalid.0, at every build, and apt keeps them in the cache
+# like any other .deb. apt takes a file there whose size matches without checking its
+# hash, so a later build whose dummy came out the same size installed the earlier
+# build's dummy, with the earlier build's dependencies ("Unmet dependencies"). They go
+# before every apt-get run, under the cache's lock.
+DUMMY_DEBS = f"{sbs.CACHE_MOUNTPOINT}/sbuild-build-depends-*-dummy_0.invalid.0_*.deb"
+
+
 def cache_hook(eatmydata: bool) -> str:
     """The customize hook that wires the chroot for the shared package cache."""
     apt_get = "/usr/bin/eatmydata /usr/bin/apt-get" if eatmydata else "/usr/bin/apt-get"
@@ -90,7 +99,9 @@ def cache_hook(eatmydata: bool) -> str:
     wrapper = ["#!/bin/sh", CACHE_WRAPPER_TAG]
     if eatmydata:
         wrapper.insert(1, sbs.APT_WRAPPER_TAG)
-    wrapper.append(f'exec /usr/bin/flock -o -w {sbs.CACHE_LOCK_WAIT} {lock} {apt_get} "$@"')
+    locked = shlex.quote(f'rm -f {DUMMY_DEBS}; exec "$0" "$@"')
+    flock = f"/usr/bin/flock -o -w {sbs.CACHE_LOCK_WAIT} {lock}"
+    wrapper.append(f'exec {flock} /bin/sh -c {locked} {apt_get} "$@"')
     target = f"{_WRAP_DIR}/apt-get"
     apt_conf = " ".join(shlex.quote(line) for line in CACHE_APT_LINES)
     quoted = " ".join(shlex.quote(line) for line in wrapper)
