@@ -169,3 +169,17 @@ ct_debs() {
         echo "/debs/$(basename "$f")"
     done
 }
+
+# ct_assert_exposure UNIT [MAX]: systemd-analyze security of UNIT in the booted container
+# (that release's systemd and its weights) is MAX (6.0) or lower; prints the figure.
+ct_assert_exposure() {
+    local unit=$1 max=${2:-6.0} out level release
+    out=$(ct systemd-analyze security --no-pager "$unit" 2>&1) ||
+        fail "systemd-analyze security $unit: $(tail -n 1 <<<"$out")"
+    level=$(sed -n 's/^.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p' <<<"$out")
+    [ -n "$level" ] || fail "systemd-analyze security $unit: no exposure level in: $(tail -n 1 <<<"$out")"
+    release=$(ct sed -n 's/^VERSION_CODENAME=//p' /etc/os-release)
+    awk -v l="$level" -v m="$max" 'BEGIN { exit !(l <= m) }' ||
+        fail "$release: $unit exposure $level is above $max"
+    ok "$release: $unit exposure $level (at most $max, systemd $(ct systemctl --version | awk 'NR==1 {print $2}'))"
+}
