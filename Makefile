@@ -47,7 +47,7 @@ SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
-	install-debs integration lint clean subids trixie
+	autopkgtest-run install-debs integration lint clean subids trixie trixie-run
 
 # $(call need,COMMAND...,TARGET): stop with a hint when a command is missing.
 need = @for c in $(1); do command -v $$c >/dev/null || { \
@@ -60,6 +60,17 @@ need_builddeps = @command -v dpkg-checkbuilddeps >/dev/null && dpkg-checkbuildde
 need_root = @[ "$$(id -u)" = 0 ] || { echo "make $@: run as root (or with sudo)" >&2; exit 2; }
 # Files made as root (sudo make ...) go back to the owner of the source tree.
 give_back = [ "$$(id -u)" != 0 ] || chown -R "$$(stat -c %u:%g $(CURDIR))" $(1)
+
+# $(call run_or_skip,PROBE,TARGET): make TARGET where this machine can run what it needs
+# (tests/integration/lib/can-run PROBE), else end with one SKIP line and the reason, exit 0:
+# inside a container nested nspawn or unshare usually cannot run. A probe that fails
+# otherwise fails the stage; so does anything TARGET does once the probe has passed.
+run_or_skip = @rc=0; reason=$$($(CURDIR)/tests/integration/lib/can-run $(1)) || rc=$$?; \
+	case $$rc in \
+	0) $(MAKE) --no-print-directory $(2) ;; \
+	77) echo "=== $@: SKIP: $$reason" ;; \
+	*) echo "make $@: tests/integration/lib/can-run $(1) failed (exit $$rc)" >&2; exit 2 ;; \
+	esac
 
 all: build
 
@@ -113,9 +124,13 @@ lintian:
 # the tests install the packages there, not on the host.
 # Through a pipe: the testbed's /dev/stdout and /dev/stderr are links to /proc/self/fd/N,
 # and a '>' to one of them there truncates a log file make's output is redirected to.
+# Skipped, with the reason, where autopkgtest-virt-unshare cannot make its namespaces.
 autopkgtest: subids
-	$(call need,autopkgtest mmdebstrap,check-deps)
+	$(call need,autopkgtest mmdebstrap newuidmap,check-deps)
 	@[ -f $(CHANGES) ] || { echo "make $@: no $(CHANGES): run 'make build' first" >&2; exit 2; }
+	$(call run_or_skip,unshare,autopkgtest-run)
+
+autopkgtest-run:
 	@echo "=== autopkgtest: $(RELEASE) testbed, packages of $(CHANGES)"
 	mmdebstrap --variant=minbase --include=ca-certificates $(RELEASE) $(BUILD)/testbed-$(RELEASE).tar
 	rc=0; set -o pipefail; autopkgtest --apt-upgrade $(CHANGES) -- \
@@ -157,9 +172,14 @@ lint:
 # autopkgtests in a trixie testbed on the packages built there (kept in build-trixie/).
 TRIXIE := $(CURDIR)/build-trixie
 TRIXIE_SRC := $(TRIXIE)/root/root/debadmin
+# Skipped, with the reason, where systemd-nspawn cannot start a container.
 trixie: subids
 	$(need_root)
-	$(call need,mmdebstrap systemd-nspawn autopkgtest,check-deps)
+	$(call need,systemd-nspawn,check-deps)
+	$(call run_or_skip,nspawn,trixie-run)
+
+trixie-run:
+	$(call need,mmdebstrap autopkgtest,check-deps)
 	rm -rf $(TRIXIE)
 	@echo "=== trixie: quick start in a fresh trixie root (build, unit tests with Python 3.13)"
 	tests/integration/quickstart/fresh-root trixie $(TRIXIE)

@@ -82,13 +82,32 @@ def test_control_stanza(tool):
     assert stanza.get("Description", "").strip(), f"{tool}: no Description"
 
 
+# Tools the metapackage only suggests: a server installing debadmin must not get a build
+# toolchain (issue 22). Recommends would not do: apt installs them by default.
+SUGGESTED_ONLY = {"sbuild-fast"}
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_metapackage_depends_and_lists_the_tool(tool):
     meta = BINARIES["debadmin"]
+    field = "Suggests" if tool in SUGGESTED_ONLY else "Depends"
     assert f"{tool} {SAME_VERSION}" in relations(
-        meta["Depends"]
-    ), f"the debadmin metapackage does not depend on {tool} {SAME_VERSION}"
-    assert f"\n* {tool}: " in meta["Description"], f"debadmin's description does not list {tool}"
+        meta.get(field, "")
+    ), f"the debadmin metapackage does not have {tool} {SAME_VERSION} in {field}"
+    for other in ("Depends", "Recommends", "Suggests"):
+        if other != field:
+            assert tool not in {r.split()[0] for r in relations(meta.get(other, ""))}
+    listed = f"\n* {tool} (suggested): " if tool in SUGGESTED_ONLY else f"\n* {tool}: "
+    assert listed in meta["Description"], f"debadmin's description does not list {tool}"
+
+
+def test_metapackage_brings_no_build_toolchain():
+    # What the four tools and their library depend on: none of it is a compiler or sbuild.
+    depends = set()
+    for package in [r.split()[0] for r in relations(BINARIES["debadmin"]["Depends"])]:
+        if package in BINARIES:
+            depends |= {r.split()[0] for r in relations(BINARIES[package]["Depends"])}
+    assert not depends & {"sbuild", "mmdebstrap", "build-essential", "dpkg-dev", "schroot"}
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -142,10 +161,13 @@ def test_autopkgtest_stanza(tool):
 
 def test_help_autopkgtest_covers_every_tool():
     help_stanza = [s for s in TESTS if s.get("Tests") == "help"]
-    assert help_stanza and "debadmin" in relations(help_stanza[0]["Depends"])
-    # It runs every tool the metapackage depends on (test_metapackage_depends_... above).
+    assert help_stanza
+    depends = relations(help_stanza[0]["Depends"])
+    assert "debadmin" in depends and set(SUGGESTED_ONLY) <= set(depends)
+    # It runs every tool the metapackage depends on or suggests
+    # (test_metapackage_depends_... above), and the suggested ones are installed for it.
     script = (SRC / "debian" / "tests" / "help").read_text()
-    assert "dpkg-query -W -f '${Depends}' debadmin" in script
+    assert "dpkg-query -W -f '${Depends},${Suggests}' debadmin" in script
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -269,3 +291,63 @@ def test_readme_quick_start_commands():
         "apt-get update && apt-get install -y make && make install",
         "make check",
     ]
+
+
+def third_party_imports(path: Path):
+    """Top-level imports of a module that are neither stdlib nor debadmin."""
+    names, local = set(), set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            if node.module == "debadmin":
+                local |= {alias.name for alias in node.names}
+            elif node.module.startswith("debadmin."):
+                local.add(node.module.split(".")[1])
+            found = [node.module]
+        else:
+            continue
+        for name in (n.split(".")[0] for n in found):
+            if name not in sys.stdlib_module_names and name != "debadmin":
+                names.add(name)
+    return names, local
+
+
+LIB = SRC / "lib" / "debadmin"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_library_modules_a_tool_uses_have_their_packages(tool):
+    # python3-debadmin depends on nothing a single tool needs (issue 22: python3-apt only
+    # where apt_pkg is imported): a tool using debadmin.debver depends on python3-apt itself.
+    depends = {r.split()[0] for r in relations(BINARIES[tool]["Depends"])}
+    depends |= {r.split()[0] for r in relations(BINARIES["python3-debadmin"]["Depends"])}
+    used = set()
+    for module in modules_of(tool):
+        used |= third_party_imports(LIB / "tools" / module)[1]
+    for name in sorted(used & {p.stem for p in LIB.glob("*.py")}):
+        for imported in third_party_imports(LIB / f"{name}.py")[0]:
+            package = PACKAGE_OF_MODULE.get(imported)
+            assert package, f"debadmin/{name}.py imports {imported}: add it to PACKAGE_OF_MODULE"
+            assert package in depends, f"{tool} uses debadmin.{name} ({imported}): no {package}"
+
+
+def test_library_package_depends_on_nothing_a_tool_alone_needs():
+    own = {r.split()[0] for r in relations(BINARIES["python3-debadmin"]["Depends"])}
+    assert own == {"${misc:Depends}", "${python3:Depends}"}
+
+
+def test_library_imports_without_python3_apt():
+    # Only debver needs apt_pkg; the rest of the library loads where python3-apt is absent.
+    modules = sorted(p.stem for p in LIB.glob("*.py") if p.stem not in {"__init__", "debver"})
+    code = "import sys; sys.modules['apt_pkg'] = sys.modules['apt'] = None\n" + "".join(
+        f"import debadmin.{m}\n" for m in modules
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(SRC / "lib")),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

@@ -17,6 +17,22 @@ has() {
 }
 
 require_root() { [ "$(id -u)" = 0 ] || skip "needs root"; }
+# require_nspawn, require_qemu BIN [MB]: skip, with the tool's own message, where no
+# container can be started (inside another container, nested nspawn usually fails) or
+# qemu cannot start a machine of MB (1024) here; tests/integration/lib/can-run tries it.
+# Only "cannot run here" skips: a probe that runs is no excuse for a later failure.
+CAN_RUN="$(dirname "${BASH_SOURCE[0]}")/can-run"
+require_nspawn() { _require_can_run nspawn; }
+require_qemu() { _require_can_run qemu "$@"; }
+_require_can_run() {
+    local out rc=0
+    out=$("$CAN_RUN" "$@") || rc=$?
+    case $rc in
+        0) ;;
+        77) skip "$out" ;;
+        *) fail "can-run $*: exit $rc: $out" ;;
+    esac
+}
 require_cmd() {
     local c
     for c in "$@"; do command -v "$c" >/dev/null || skip "$c is not installed"; done
@@ -49,6 +65,8 @@ CT_BASE_PKGS=systemd,systemd-sysv,dbus,python3,python3-apt
 CT_IDENTITY_HOOK='echo debadmin-test > "$1/etc/hostname"'
 ct_make_root() {
     local release=$1 dir=$2 pkgs=$3 cache=${DEBADMIN_CT_CACHE:-} opt start=$SECONDS
+    # Every tree made here is booted: find out before spending minutes on mmdebstrap.
+    require_nspawn
     local hooks=("$CT_IDENTITY_HOOK")
     shift 3
     for opt in "$@"; do
@@ -109,6 +127,7 @@ CT_LOG=""
 # ct_boot DIR LOG [nspawn options...]: boot DIR, wait until systemd is up.
 ct_boot() {
     local dir=$1 state
+    require_nspawn
     CT_LOG=$2
     shift 2
     systemd-nspawn -D "$dir" --boot --register=no --keep-unit --console=read-only \
@@ -168,4 +187,18 @@ ct_debs() {
         [ -n "$f" ] || fail "no built package $pkg in $dir"
         echo "/debs/$(basename "$f")"
     done
+}
+
+# ct_assert_exposure UNIT [MAX]: systemd-analyze security of UNIT in the booted container
+# (that release's systemd and its weights) is MAX (6.0) or lower; prints the figure.
+ct_assert_exposure() {
+    local unit=$1 max=${2:-6.0} out level release
+    out=$(ct systemd-analyze security --no-pager "$unit" 2>&1) ||
+        fail "systemd-analyze security $unit: $(tail -n 1 <<<"$out")"
+    level=$(sed -n 's/^.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p' <<<"$out")
+    [ -n "$level" ] || fail "systemd-analyze security $unit: no exposure level in: $(tail -n 1 <<<"$out")"
+    release=$(ct sed -n 's/^VERSION_CODENAME=//p' /etc/os-release)
+    awk -v l="$level" -v m="$max" 'BEGIN { exit !(l <= m) }' ||
+        fail "$release: $unit exposure $level is above $max"
+    ok "$release: $unit exposure $level (at most $max, systemd $(ct systemctl --version | awk 'NR==1 {print $2}'))"
 }
