@@ -1331,6 +1331,7 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
                 )
             )
     if store.db is not None and any(n in applied for n in reverted):
+        writable(store.path.parent)
         if remaining:
             steps.append(
                 (
