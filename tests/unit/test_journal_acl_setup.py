@@ -1,5 +1,6 @@
 """Unit tests for journal-acl-setup: parsers, the ACL rule, config, and apply on a tree."""
 
+import errno
 import gc
 import grp
 import json
@@ -256,7 +257,8 @@ def walked(top, uids, open_files):
     skips, seen = [], []
     try:
         for node in W.walk(fd, str(top), uids, skips, open_files=open_files):
-            seen.append((node.path, node.st.st_ino, node.raw()[0]))
+            if node.fd >= 0:  # not a batch of files read by name
+                seen.append((node.path, node.st.st_ino, node.raw()[0]))
             seen += [
                 (f"{node.path}/{n}", os.stat(f"{node.path}/{n}").st_ino, acl)
                 for n, _, _, acl in node.files
@@ -287,9 +289,10 @@ def test_walk_by_name_reads_what_the_open_walk_reads(tmp_path):
         assert by_name == walked(top, uids, open_files=True)
         assert os.getcwd() == cwd
     fd = os.open(top, W.O_DIR)
-    try:  # files come in their directory's node, never on their own
+    try:  # files come in batches of their directory (fd -1), never on their own
         nodes = list(W.walk(fd, str(top), {os.geteuid()}, [], open_files=False))
-        assert [n.is_dir for n in nodes] == [True, True] and len(nodes[1].files) == 2
+        assert [n.is_dir for n in nodes] == [True, True, False] and len(nodes[2].files) == 2
+        assert nodes[2].fd == -1 and nodes[2].path == str(top / "m")
     finally:
         os.close(fd)
     paths, skips = walked(top, {os.geteuid()}, open_files=False)
@@ -339,8 +342,8 @@ def test_walk_by_name_reads_through_the_magic_link_without_a_way_back(tmp_path, 
     assert walked(top, {os.geteuid()}, open_files=False) == expected
     fd = real_open(top, W.O_DIR)
     try:
-        (node,) = W.walk(fd, str(top), {os.geteuid()}, [], open_files=False)
-        assert [name for name, *_ in node.files] == ["system.journal"]
+        (_, batch) = W.walk(fd, str(top), {os.geteuid()}, [], open_files=False)
+        assert [name for name, *_ in batch.files] == ["system.journal"]
     finally:
         os.close(fd)
 
@@ -538,7 +541,7 @@ def test_apply_tree_trap_idempotent_revert(tmp_path, capsys):
     )
 
     rc, out, _ = run_tool(capsys, "revert", *args)
-    assert rc == 0 and "done: remove the ACL entries of staff" in out
+    assert rc == 0 and "done: restore the ACLs under" in out
     assert not os.path.lexists(root / jas.TMPFILES_DROPIN)
     remaining = subprocess.run(
         ["getfacl", "-RPn", "--absolute-names", str(journal)], capture_output=True, check=True
@@ -570,14 +573,15 @@ def test_apply_keeps_groups_of_earlier_runs(tmp_path, capsys):
 @needs_root
 @pytest.mark.parametrize("storage", ["none", "volatile"])
 def test_explicit_storage_stands(tmp_path, capsys, caplog, storage):
-    """The admin's Storage=none|volatile: check exits 1 saying so, apply never overrides."""
+    """The admin's Storage=none|volatile: check exits 3 (not applicable) saying so, apply
+    never overrides."""
     root = make_image(tmp_path)
     conf = root / "etc/systemd/journald.conf.d/local.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(f"[Journal]\nStorage={storage}\n")
     rc, out, _ = run_tool(capsys, "check", "--root", str(root), "--json")
     report = json.loads(out)
-    assert rc == 1 and [f["code"] for f in report["findings"]] == ["storage-disabled"]
+    assert rc == 3 and [f["code"] for f in report["findings"]] == ["storage-disabled"]
     assert report["findings"][0]["subject"] == str(conf)
     rc, out, err = run_tool(capsys, "apply", "--root", str(root))
     assert rc == 0 and f"Storage={storage}" in caplog.text
@@ -1040,3 +1044,179 @@ def test_symlinked_journal_through_a_users_directory(tmp_path, capsys):
     (root / "srv/logs/journal").symlink_to("real")
     rc, out, err = run_tool(capsys, "check", "--root", str(root))
     assert rc == 2 and "another symbolic link" in err
+
+
+# --- issue 25: refusals, exact revert, unknown groups, bounded walk -------------------------
+
+
+def test_grant_all_is_the_same_in_any_order_and_strip_never_widens():
+    """revert recomputes what apply made: grant_all must not depend on the order of gids;
+    an unrecorded file loses the groups' entries, its mask narrowed, never widened."""
+    admin = {(W.USER_OBJ, U): 6, (W.USER, 77): 4, (GO, U): 4, (M, U): 0, (O, U): 0}
+    one, _ = W.grant_all(admin, None, 1999, {50, 60}, False)
+    two, _ = W.grant_all(W.grant_all(admin, None, 1999, {60}, False)[0], None, 1999, {50}, False)
+    assert one == two and one[(M, U)] == W.R and one[(G, 50)] == one[(G, 60)] == W.R
+    stripped = W.strip_groups(one, {50, 60}, W.from_mode(0o640))
+    assert stripped[(M, U)] == W.R  # what user 77 and the owning group need, as it was
+    inherited = {(W.USER_OBJ, U): 6, (GO, U): 4, (G, 50): 5, (M, U): 4, (O, U): 0}
+    assert W.strip_groups(inherited, {50}, W.from_mode(0o640)) == W.from_mode(0o640)
+    assert W.strip_groups(inherited, {60}, W.from_mode(0o640)) is None
+    default = {(W.USER_OBJ, U): 7, (GO, U): 5, (G, 50): 5, (M, U): 5, (O, U): 0}
+    assert W.strip_groups(default, {50}) == {(W.USER_OBJ, U): 7, (GO, U): 5, (O, U): 0}
+
+
+def test_skips_keep_every_action_and_summarise_the_rest():
+    skips = W.Skips()
+    for i in range(1000):
+        skips.append(W.Skip("ignored-symlink", f"/j/l{i:04d}", f"/j/l{i:04d} is a link"))
+    skips.append(W.Skip("changed-while-reading", "/j/x", "swapped", action=True))
+    items = skips.items()
+    assert len(skips) == 1001 and len(items) == W.Skips.EXAMPLES + 2
+    assert items[-1].code == "ignored-symlink" and "990 more" in items[-1].message
+    assert [s.path for s in items if s.action] == ["/j/x"]
+
+
+def test_check_summarises_many_symlinks(tmp_path, capsys):
+    root = make_image(tmp_path)
+    machine = root / "var/log/journal" / MACHINE_ID
+    machine.mkdir(parents=True)
+    for i in range(300):
+        (machine / f"l{i}.journal").symlink_to("/etc/shadow")
+    rc, out, _ = run_tool(capsys, "check", "--root", str(root), "--json")
+    codes = [f["code"] for f in json.loads(out)["findings"]]
+    assert codes.count("ignored-symlink") == W.Skips.EXAMPLES + 1, codes
+
+
+def test_unknown_group_is_a_warning(tmp_path):
+    root = make_root(tmp_path)
+    groups, unknown = jas.resolve_known(["adm", "gone"], root)
+    assert groups == {"adm": 4} and [f["code"] for f in unknown] == ["unknown-group"]
+    assert unknown[0]["severity"] == "warning"
+    with pytest.raises(Error, match="unknown group: gone"):
+        jas.resolve_known(["gone"], root)
+    with pytest.raises(Error, match="invalid group name"):
+        jas.resolve_known(["adm", "Bad!"], root)
+
+
+def test_apply_and_revert_need_root(tmp_path, capsys, monkeypatch):
+    root = make_root(tmp_path)
+    monkeypatch.setattr(jas.os, "geteuid", lambda: 1000)
+    for command in ("apply", "revert"):
+        rc, out, err = run_tool(capsys, command, "--root", str(root))
+        assert rc == 2 and f"{command} must be run as root" in err and "denied" not in err
+    assert not (root / "var/log/journal").exists()
+
+
+def test_mount_id_unknown_fails_closed(tmp_path, monkeypatch):
+    top = tmp_path / "top"
+    (top / "m").mkdir(parents=True)
+    monkeypatch.setattr(W, "mount_id", lambda fd: None)
+    fd = os.open(top, W.O_DIR)
+    skips = []
+    try:
+        nodes = [n.path for n in W.walk(fd, str(top), {os.geteuid()}, skips)]
+    finally:
+        os.close(fd)
+    assert nodes == [str(top)]
+    assert [(s.code, s.action) for s in skips] == [("unknown-mount", True)]
+
+
+def test_open_checked_never_opens_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
+    fd = os.open(tmp_path, W.O_DIR)
+    try:
+        with pytest.raises(OSError) as exc:  # would block in open() without O_PATH first
+            W.open_checked(fd, "fifo", False)
+        assert exc.value.errno == errno.ELOOP
+        opened, st = W.open_checked(fd, "file", False)
+        os.close(opened)
+        assert st.st_ino == os.stat(tmp_path / "file").st_ino
+    finally:
+        os.close(fd)
+
+
+def test_check_storage_disabled_is_not_applicable_in_text(tmp_path, capsys):
+    root = make_image(tmp_path)
+    conf = root / "etc/systemd/journald.conf.d/local.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[Journal]\nStorage=volatile\n")
+    rc, out, _ = run_tool(capsys, "check", "--root", str(root))
+    assert rc == 3 and "not applicable" in out
+
+
+def test_linked_journald_conf_d_out_of_the_image_is_refused(tmp_path, capsys):
+    root = make_image(tmp_path)
+    outside = tmp_path / "host-conf.d"
+    outside.mkdir()
+    (root / "etc/systemd/journald.conf.d").symlink_to(outside)
+    rc, _, err = run_tool(capsys, "check", "--root", str(root))
+    assert rc == 2 and "outside" in err
+
+
+@needs_acl_tools
+@needs_root
+def test_refused_grant_is_listed_and_the_rest_granted(tmp_path, capsys, monkeypatch):
+    """One file refusing its ACL (ENOSPC) stops nothing: apply exits 1 naming it."""
+    root = make_image(tmp_path)
+    remote = root / "var/log/journal/remote"
+    machine = root / "var/log/journal" / MACHINE_ID
+    remote.mkdir(parents=True)
+    machine.mkdir()
+    for path in (remote / "full.journal", machine / "system@1.journal"):
+        path.write_text("x")
+        os.chmod(path, 0o640)
+    real = W.Node.set_acls
+
+    def set_acls(node, access, default):
+        if node.path.endswith("full.journal"):
+            raise W.AclError(f"cannot set the ACL of {node.path}: No space left on device")
+        return real(node, access, default)
+
+    monkeypatch.setattr(W.Node, "set_acls", set_acls)
+    rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
+    assert rc == 1, (out, err)
+    assert "not granted: cannot set the ACL of" in out and "No space left on device" in out
+    assert can(machine / "system@1.journal", 5050)
+    assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+
+
+@needs_acl_tools
+@needs_root
+def test_revert_restores_the_admins_mask_exactly(tmp_path, capsys):
+    root = make_image(tmp_path)
+    machine = root / "var/log/journal" / MACHINE_ID
+    machine.mkdir(parents=True)
+    masked = machine / "masked.journal"
+    masked.write_text("x")
+    os.chmod(masked, 0o640)
+    subprocess.run(["setfacl", "-m", "u:77:r--,m::---", str(masked)], check=True)
+    before = getfacl(masked)
+    assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    assert getfacl(masked)["mask"] == "r--"
+    # a file "journald" creates after apply inherits staff
+    fd = os.open(machine / "system@2.journal", os.O_CREAT | os.O_WRONLY, 0o640)
+    os.close(fd)
+    assert "group:5050" in getfacl(machine / "system@2.journal")
+    assert run_tool(capsys, "revert", "--root", str(root), "-g", "staff")[0] == 0
+    assert getfacl(masked) == before
+    after = getfacl(machine / "system@2.journal")
+    # systemd's adm defaults (tmpfiles ran) stay, staff goes, the mask is not widened
+    assert after == {
+        "user": "rw-",
+        "group": "r-x",
+        "group:4": "r-x",
+        "mask": "r--",
+        "other": "---",
+    }
+    assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()
+
+
+@needs_root
+def test_no_op_apply_does_not_flush(tmp_path, capsys, monkeypatch):
+    root = make_image(tmp_path)
+    assert run_tool(capsys, "apply", "--root", str(root), "-q")[0] == 0
+    monkeypatch.setattr(jas, "systemd_running", lambda root: True)
+    monkeypatch.setattr(jas, "run_commands", lambda: pytest.fail("journalctl run"))
+    rc, out, _ = run_tool(capsys, "apply", "--root", str(root))
+    assert rc == 0 and out == "nothing to change: the journal is already set up\n"

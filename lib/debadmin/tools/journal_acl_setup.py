@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 from debadmin import cli, fsutil, sysconf
-from debadmin.errors import EXIT_ACTION, EXIT_OK, Error, NotApplicable
+from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.tools import journal_acl_setup_walk as walker
 
@@ -124,6 +124,34 @@ def resolve_groups(names: Iterable[str], root: Path = Path("/")) -> Dict[str, in
     return resolved
 
 
+def resolve_known(
+    names: Iterable[str], root: Path = Path("/")
+) -> Tuple[Dict[str, int], List[Finding]]:
+    """Validate every name (a malformed one is an error before anything is touched) and
+    look each up; a group that does not exist (deleted since it was configured) is a
+    warning finding and the others are still granted.  None left is an error."""
+    resolved: Dict[str, int] = {}
+    unknown: List[Finding] = []
+    for name in names:
+        validate_group_name(name)
+        gid = lookup_group(name, root)
+        if gid is None:
+            unknown.append(
+                finding(
+                    "unknown-group",
+                    "warning",
+                    f"group {name} does not exist: not granted (the others are)",
+                    None,
+                    group=name,
+                )
+            )
+        else:
+            resolved[name] = gid
+    if not resolved:
+        raise Error(f"unknown group: {', '.join(f['group'] for f in unknown)}")
+    return resolved, unknown
+
+
 def configured_groups(root: Path = Path("/")) -> List[str]:
     """JOURNAL_ACL_GROUPS from /etc/default/journal-acl-setup, else adm."""
     values = sysconf.read_default(root / DEFAULTS_FILE, ["JOURNAL_ACL_GROUPS"]) or {}
@@ -177,6 +205,15 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
 
 # --- state -----------------------------------------------------------------------------------
 
+
+def acl_state() -> Any:
+    """journal_acl_setup_state, imported by apply and revert only: sqlite3 is a start-up
+    cost check has no use for."""
+    from debadmin.tools import journal_acl_setup_state
+
+    return journal_acl_setup_state
+
+
 # What apply can fix; any other finding of severity action stays for the admin.
 FIXABLE = {
     "journal-missing",
@@ -207,6 +244,7 @@ class State:
         self.root, self.journal, self.groups = root, journal, groups
         self.storage, self.storage_source = storage, storage_source
         self.exists, self.findings, self.checked = exists, findings, checked
+        self.refused: List[Tuple[str, str]] = []  # (path, why) apply could not grant
 
     def codes(self) -> Set[str]:
         return {f["code"] for f in self.findings if f["severity"] == "action"}
@@ -259,8 +297,13 @@ def contained(root: Path, relative: str) -> Path:
 
 
 def check_paths(root: Path) -> None:
-    """Refuse, before reading or changing anything, paths that escape the image."""
-    for relative in (JOURNAL_DIR, TMPFILES_DROPIN, DEFAULTS_FILE):
+    """Refuse, before reading or changing anything, paths that escape the image: the
+    journal, the files apply writes, its state, and journald's configuration (a linked
+    journald.conf.d would otherwise be read from the host)."""
+    relatives = [JOURNAL_DIR, TMPFILES_DROPIN, DEFAULTS_FILE, "var/lib/journal-acl-setup"]
+    for directory in JOURNALD_CONF_DIRS:
+        relatives += [f"{directory}/systemd/journald.conf", f"{directory}/systemd/journald.conf.d"]
+    for relative in relatives:
         contained(root, relative)
 
 
@@ -313,6 +356,8 @@ def journald_storage(root: Path = Path("/")) -> Tuple[str, Optional[str]]:
     )
     storage, source = "auto", None
     for path in files:
+        if root != Path("/"):
+            contained(root, os.path.relpath(path, root))  # a drop-in linked out of the image
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
@@ -448,12 +493,15 @@ def open_link_target(link: Path, target: str) -> int:
     return fd
 
 
-def skip_findings(skips: List[walker.Skip]) -> List[Finding]:
-    return [finding(s.code, "action" if s.action else "warning", s.message, s.path) for s in skips]
+def skip_findings(skips: walker.Skips) -> List[Finding]:
+    return [
+        finding(s.code, "action" if s.action else "warning", s.message, s.path or None)
+        for s in skips.items()
+    ]
 
 
 def scan(
-    fd: int, journal: Path, groups: Dict[str, int], uids: Set[int]
+    fd: int, journal: Path, groups: Dict[str, int], uids: Set[int], keep: Optional[int] = None
 ) -> Tuple[List[Finding], int]:
     """What each group cannot read under the journal, and how many paths were read.
 
@@ -462,8 +510,12 @@ def scan(
     the ACLs' raw extended attributes, mode, owning group and type: a journal holds
     thousands of files with a handful of distinct ACLs, and parsing each one would be
     most of the cost.
+
+    keep: list at most that many paths per group and finding code, and one line for
+    the rest (apply needs to know what is missing, not 200,000 names of it).
     """
-    skips: List[walker.Skip] = []
+    skips = walker.Skips()
+    counts: Dict[Tuple[str, str], int] = {}
     unreadable: Dict[str, List[str]] = {name: [] for name in groups}
     no_default: Dict[str, List[str]] = {name: [] for name in groups}
     # key -> the groups that cannot read, and those that would not inherit (mostly empty)
@@ -490,6 +542,12 @@ def scan(
     def unreadable_acl(path: str, exc: walker.AclError) -> None:
         skips.append(walker.Skip("unreadable-acl", path, f"{walker.shown(path)}: {exc}", True))
 
+    def note(paths: List[str], group: str, code: str, path: str) -> None:
+        seen = counts.get((group, code), 0)
+        counts[(group, code)] = seen + 1
+        if keep is None or seen < keep:
+            paths.append(path)
+
     count = 0
     # The walk makes a few tuples a file and no reference cycles: the collector's
     # passes over them are ~1.5 ms of a 5,000-file check for nothing.
@@ -497,6 +555,20 @@ def scan(
     gc.disable()
     try:
         for node in walker.walk(fd, str(journal), uids, skips, open_files=False):
+            if node.fd < 0:  # a batch of the directory's files, read by name
+                count += len(node.files)
+                prefix = node.path + "/"
+                for name, mode, gid, access in node.files:
+                    verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
+                    if verdict is None:
+                        try:
+                            verdict = judge((access, b""), mode, gid, False)
+                        except walker.AclError as exc:
+                            unreadable_acl(prefix + name, exc)
+                            continue
+                    for group in verdict[0]:
+                        note(unreadable[group], group, "unreadable", prefix + name)
+                continue
             count += 1
             try:
                 st = node.st
@@ -505,22 +577,9 @@ def scan(
                 unreadable_acl(node.path, exc)
             else:
                 for name in cannot_read:
-                    unreadable[name].append(node.path)
+                    note(unreadable[name], name, "unreadable", node.path)
                 for name in no_inherit:
-                    no_default[name].append(node.path)
-            # The files read by name in this directory: thousands, a few distinct keys.
-            count += len(node.files)
-            prefix = node.path + "/"
-            for name, mode, gid, access in node.files:
-                verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
-                if verdict is None:
-                    try:
-                        verdict = judge((access, b""), mode, gid, False)
-                    except walker.AclError as exc:
-                        unreadable_acl(prefix + name, exc)
-                        continue
-                for group in verdict[0]:
-                    unreadable[group].append(prefix + name)
+                    note(no_default[name], name, "no-default-acl", node.path)
     finally:
         if collecting:
             gc.enable()
@@ -547,64 +606,142 @@ def scan(
             )
             for path in sorted(no_default[name])
         ]
-    skips.sort(key=lambda s: s.path)
+        for code in ("unreadable", "no-default-acl"):
+            more = counts.get((name, code), 0) - len(
+                (unreadable if code == "unreadable" else no_default)[name]
+            )
+            if more > 0:
+                found.append(
+                    finding(
+                        code, "action", f"{code}: {more} more for group {name}", None, group=name
+                    )
+                )
     return found + skip_findings(skips), count
 
 
-def grant_tree(journal: Path, groups: Dict[str, int], uids: Set[int]) -> List[Finding]:
+def grant_tree(
+    journal: Path, groups: Dict[str, int], uids: Set[int], store: Any, say: Callable[[str], None]
+) -> Tuple[walker.Skips, List[Tuple[str, str]]]:
     """Give every group read access and a default ACL, on each descriptor under journal.
 
-    Only what is missing is added (a named entry, the mask widened by the bits it needs);
-    returns what the walk skipped.
+    Only what is missing is added (a named entry, the mask widened by the bits it needs).
+    Two walks: the first records in store what every inode to be changed holds now and
+    commits it, the second changes them (an inode that appeared in between is recorded
+    and committed on its own before it is changed).  A directory or file that refuses
+    its ACL (a full extended-attribute block: ENOSPC; EPERM; EROFS) is listed with the
+    reason and the walk goes on.  Returns what the walk skipped and what was refused.
     """
-    fd = open_journal(journal)
-    if fd is None:
-        raise Error(f"{journal} does not exist")
-    skips: List[walker.Skip] = []
-    try:
-        for node in walker.walk(fd, str(journal), uids, skips):
-            want = walker.R | walker.X if node.is_dir else walker.R
-            try:
-                access, default = node.acls()
-                new_access, new_default = access, default
-                for gid in groups.values():
-                    if not walker.group_can(new_access, node.st.st_gid, gid, want):
-                        new_access = walker.granted(new_access, gid, want)
-                    if node.is_dir and not walker.group_can(
-                        new_default, node.st.st_gid, gid, want, default=True
-                    ):
-                        base = new_default or walker.default_base(access)
-                        new_default = walker.granted(base, gid, want)
-                node.set_acls(
-                    new_access if new_access != access else None,
-                    new_default if new_default != default else None,
-                )
-            except walker.AclError as exc:
-                raise Error(str(exc)) from None
-    finally:
-        os.close(fd)
-    return skip_findings(skips)
+    gids = set(groups.values())
+
+    def changes(node: walker.Node):
+        access, default = node.acls()
+        new_access, new_default = walker.grant_all(
+            access, default, node.st.st_gid, gids, node.is_dir
+        )
+        return (
+            new_access if new_access != access else None,
+            new_default if new_default != default else None,
+        )
+
+    refused: List[Tuple[str, str]] = []
+    skips = walker.Skips()
+    for recording in (True, False):
+        fd = open_journal(journal)
+        if fd is None:
+            raise Error(f"{journal} does not exist")
+        skips = walker.Skips()
+        try:
+            store.begin()
+            for node in walker.walk(fd, str(journal), uids, skips):
+                try:
+                    new_access, new_default = changes(node)
+                    if new_access is None and new_default is None:
+                        continue
+                    raw = node.raw()
+                    key = (node.st.st_ino, acl_state().generation(node.fd))
+                    if recording:
+                        store.record(*key, node.is_dir, node.st.st_mode, *raw, gids)
+                        continue
+                    if store.lookup(*key) is None:  # new since the first walk
+                        store.record(*key, node.is_dir, node.st.st_mode, *raw, gids)
+                        store.commit()
+                        store.begin()
+                    node.set_acls(new_access, new_default)
+                except walker.AclError as exc:
+                    if recording:
+                        continue  # the second walk meets it again and says why
+                    refused.append((node.path, str(exc)))
+                    say(f"not granted: {exc}")
+            store.commit()
+        finally:
+            os.close(fd)
+    return skips, refused
 
 
-def revoke_tree(journal: Path, gids: Set[int], uids: Set[int], dry_run: bool = False) -> int:
-    """Remove the named entries of gids (access and default) under journal, by descriptor.
+def revoke_tree(
+    journal: Path,
+    reverted: Dict[str, int],
+    applied: Dict[str, int],
+    uids: Set[int],
+    store: Any,
+    dry_run: bool = False,
+) -> int:
+    """Undo apply for the reverted groups under journal, by descriptor.
 
-    The mask stays as it is.  Returns how many paths carried such entries; with dry_run
-    nothing is changed.
+    An inode apply recorded that still holds what apply made of it (for the groups it
+    granted it) gets back exactly what it had, when none of those groups is left, or
+    what apply makes of that for the groups left.  Anything else that holds entries of the
+    reverted groups (a file journald created since, inheriting them; an inode changed
+    since apply) loses those entries, its mask narrowed to what is left and never
+    widened; a file left with no named entry gets the ACL of its mode.  Returns how many
+    paths changed (would change, with dry_run).
     """
     fd = open_journal(journal)
     if fd is None:
         return 0
-    skips: List[walker.Skip] = []
+    gone = set(reverted.values())
+    skips = walker.Skips()
     touched = 0
     try:
         require_magic_links(fd, journal)
+        if not dry_run and store.db is not None:
+            store.begin()
         for node in walker.walk(fd, str(journal), uids, skips):
             try:
-                access, default = node.acls()
-                new_access, new_default = walker.without(access, gids), walker.without(
-                    default, gids
-                )
+                access_raw, default_raw = node.raw()
+                access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
+                default = walker.parse(default_raw)
+                key = (node.st.st_ino, acl_state().generation(node.fd))
+                record = store.lookup(*key)
+                if record is not None:
+                    _, mode, old_access, old_default, before = record
+                    left = before - gone
+                    base = walker.parse(old_access) or walker.from_mode(mode)
+                    base_default = walker.parse(old_default)
+                    made = walker.grant_all(
+                        base, base_default, node.st.st_gid, before, node.is_dir
+                    )
+                    if made == (access, default if node.is_dir else None):
+                        if left == before:
+                            continue  # apply granted it none of the reverted groups
+                        if left:
+                            target = walker.grant_all(
+                                base, base_default, node.st.st_gid, left, node.is_dir
+                            )
+                            if target == made:
+                                continue
+                            touched += 1
+                            if not dry_run:
+                                node.set_acls(target[0], target[1] if node.is_dir else None)
+                                store.set_gids(*key, left)
+                        else:
+                            touched += 1
+                            if not dry_run:
+                                walker.restore(node, old_access, old_default, mode)
+                                store.forget(*key)
+                        continue
+                new_access = walker.strip_groups(access, gone, walker.from_mode(node.st.st_mode))
+                new_default = walker.strip_groups(default, gone) if node.is_dir else None
                 if new_access is None and new_default is None:
                     continue
                 touched += 1
@@ -612,9 +749,11 @@ def revoke_tree(journal: Path, gids: Set[int], uids: Set[int], dry_run: bool = F
                     node.set_acls(new_access, new_default)
             except walker.AclError as exc:
                 raise Error(str(exc)) from None
+        if not dry_run and store.db is not None:
+            store.commit()
     finally:
         os.close(fd)
-    for skip in skips:
+    for skip in skips.items():
         log.warning("%s", skip.message)
     return touched
 
@@ -715,7 +854,7 @@ def gone_groups(root: Path, present: Dict[str, bool]) -> List[str]:
 # --- check -----------------------------------------------------------------------------------
 
 
-def inspect(root: Path, groups: Dict[str, int]) -> State:
+def inspect(root: Path, groups: Dict[str, int], keep: Optional[int] = None) -> State:
     """Compare the journal directory with what check requires."""
     require_journald(root)
     jgid = journal_gid(root)
@@ -756,7 +895,7 @@ def inspect(root: Path, groups: Dict[str, int]) -> State:
             found.append(
                 finding("journal-ownership", "action", f"{journal}: {problem}", str(journal))
             )
-        tree, checked = scan(fd, journal, groups, journal_uids(root))
+        tree, checked = scan(fd, journal, groups, journal_uids(root), keep)
     finally:
         os.close(fd)
     return State(root, journal, groups, storage, source, True, found + tree + boot, checked)
@@ -813,6 +952,42 @@ def probe_acl_support(directory: Path) -> None:
         os.unlink(scratch)
 
 
+def not_read_only(path: Path) -> None:
+    """Raise where path is on a read-only filesystem: no ACL could be set there."""
+    try:
+        readonly = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+    if readonly:
+        raise Error(f"{path} is on a read-only file system: nothing changed")
+
+
+def require_root(args: argparse.Namespace) -> None:
+    """apply and revert change root's files: say so, rather than fail on EPERM later."""
+    if os.geteuid() != 0 and not getattr(args, "dry_run", False):
+        raise Error(f"{args.command} must be run as root (try: sudo {PROG} {args.command})")
+
+
+def lock_path(root: Path) -> Path:
+    """One lock for apply, revert, the postinst and the boot service."""
+    if root == Path("/"):
+        return Path("/run/journal-acl-setup.lock")
+    return root / acl_state().STATE_DIR / "lock"
+
+
+@contextlib.contextmanager
+def locked(root: Path, dry_run: bool) -> Any:
+    if dry_run:
+        yield
+        return
+    path = lock_path(root)
+    if root != Path("/"):
+        writable(path.parent)
+        make_dirs(path.parent)
+    with fsutil.locked(path):
+        yield
+
+
 def preflight(state: State) -> None:
     """Fail before changing anything where apply could not finish."""
     codes = state.codes()
@@ -822,6 +997,8 @@ def preflight(state: State) -> None:
     if codes & {"boot-grant-missing", "boot-grant-unknown-group"}:
         writable((state.root / TMPFILES_DROPIN).parent)
     if codes & {"journal-missing", "journal-ownership", "unreadable", "no-default-acl"}:
+        writable(state.root / acl_state().STATE_DIR)
+        not_read_only(state.journal if state.exists else parent)
         probe_acl_support(state.journal if state.exists else parent)
     # Always: a check without /proc reports unreadable default ACLs, which apply cannot fix,
     # and stopping after the drop-in and configuration steps would be half an apply.
@@ -903,7 +1080,7 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
             (
                 f"grant {names} read access and default ACLs under {journal} "
                 "(by file descriptor, no symbolic link followed, masks kept)",
-                lambda: report_skips(grant_tree(journal, state.groups, uids)),
+                lambda: granting(state, uids),
             )
         )
     if codes & {"boot-grant-missing", "boot-grant-unknown-group"}:
@@ -934,15 +1111,29 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
     return steps
 
 
-def report_skips(found: List[Finding]) -> None:
-    for item in found:
-        log.warning("%s", item["message"])
+def granting(state: State, uids: Set[int]) -> None:
+    """The grant step of apply: the state database opened, the groups recorded as
+    applied (with those applied before), the tree walked, what it skipped logged and
+    what refused an ACL kept for the exit status."""
+    store = acl_state().Store(state.root, create=True)
+    try:
+        store.begin()
+        store.set_applied({**store.applied(), **state.groups})
+        store.commit()
+        skips, refused = grant_tree(state.journal, state.groups, set(uids), store, print)
+    finally:
+        store.close()
+    for skip in skips.items():
+        log.warning("%s", skip.message)
+    state.refused = refused
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     root = Path(args.root)
-    groups = resolve_groups(wanted_groups(args, root), root)
+    groups, unknown = resolve_known(wanted_groups(args, root), root)
     state = inspect(root, groups)
+    state.findings[:0] = unknown
+    disabled = "storage-disabled" in state.codes()
     if args.json:
         from debadmin.output import emit_json  # json: only for --json
 
@@ -951,13 +1142,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in text_lines(state.findings):
             print(line)
         actions = [f for f in state.findings if f["severity"] == "action"]
-        if actions:
+        if disabled:
+            print(
+                f"not applicable: journald keeps no persistent journal by the admin's "
+                f"choice (Storage={state.storage})"
+            )
+        elif actions:
             print(f"{len(actions)} finding(s) need action; '{PROG} apply' fixes what it can")
         else:
             print(
                 f"ok: {state.journal} is persistent and readable by "
                 f"{', '.join(groups)} ({state.checked} paths checked)"
             )
+    if disabled:
+        return EXIT_NOT_APPLICABLE
     return EXIT_ACTION if needs_action(state.findings) else EXIT_OK
 
 
@@ -965,40 +1163,55 @@ def quiet(args: argparse.Namespace) -> bool:
     return getattr(args, "verbosity", 0) < 0
 
 
+# What apply tried and could not do for one path: listed, exit 1.  Anything else left
+# (a name swapped while it was walked) is an error, exit 2.
+NOT_GRANTED = {"unreadable", "no-default-acl", "unreadable-acl", "unreadable-file"}
+LISTED = 50  # paths listed per finding code once apply is done; the rest counted
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     root = Path(args.root)
+    require_root(args)
     say = (lambda text: None) if quiet(args) else print
     names = wanted_groups(args, root)
-    groups = resolve_groups(names, root)
-    configured = configured_groups(root) if args.group else names
-    add_to_config = [n for n in names if n not in configured]
-    state = inspect(root, groups)
-    for item in state.findings:
-        if item["code"] in ADMIN_CHOICE:
-            log.warning("left as set: %s", item["message"])
-    steps = plan(state, add_to_config)
-    if not steps:
-        say("nothing to change: the journal is already set up")
-        flush(root, args.dry_run, say)
-        return EXIT_OK
-    if args.dry_run:
-        for text, _ in steps:
-            say(f"would {text}")
-        flush(root, True, say)
-        return EXIT_OK
-    preflight(state)
-    for text, action in steps:
-        action()
-        say(f"done: {text}")
-    flush(root, False, say)
-    after = inspect(root, groups)
+    groups, unknown = resolve_known(names, root)
+    for item in unknown:
+        log.warning("%s", item["message"])
+    with locked(root, args.dry_run):
+        configured = configured_groups(root) if args.group else names
+        add_to_config = [n for n in groups if n not in configured]
+        state = inspect(root, groups, keep=LISTED)
+        for item in state.findings:
+            if item["code"] in ADMIN_CHOICE:
+                log.warning("left as set: %s", item["message"])
+        steps = plan(state, add_to_config)
+        if not steps:
+            say("nothing to change: the journal is already set up")
+            return EXIT_OK
+        if args.dry_run:
+            for text, _ in steps:
+                say(f"would {text}")
+            flush(root, True, say)
+            return EXIT_OK
+        preflight(state)
+        for text, action in steps:
+            action()
+            say(f"done: {text}")
+        flush(root, False, say)
+        after = inspect(root, groups, keep=LISTED)
     left = [
         f for f in after.findings if f["severity"] == "action" and f["code"] not in ADMIN_CHOICE
     ]
-    if left:
-        for item in left:
-            print(f"still: {item['message']}")
+    for item in left:
+        print(f"still: {item['message']}")
+    if any(f["code"] not in NOT_GRANTED for f in left):
         raise Error("apply did not fix every finding (see above)")
+    if left or state.refused:
+        print(
+            f"{PROG}: {len(state.refused)} path(s) refused an ACL (listed above as "
+            "'not granted'); everything else was granted"
+        )
+        return EXIT_ACTION
     return EXIT_OK
 
 
@@ -1015,10 +1228,14 @@ def flush(root: Path, dry_run: bool, say: Callable[[str], None]) -> None:
     say("done: run journalctl --flush")
 
 
-def resolve_revert_groups(names: Iterable[str], root: Path) -> Dict[str, Optional[int]]:
+def resolve_revert_groups(
+    names: Iterable[str], root: Path, applied: Optional[Dict[str, int]] = None
+) -> Dict[str, Optional[int]]:
     """Like resolve_groups, but a group deleted since its apply may still be named: its
-    lines in the drop-in are what is left of it to remove (gid None)."""
-    present = read_tmpfiles_dropin(root) or {}
+    lines in the drop-in, and its entries by the gid recorded at apply, are what is left
+    of it to remove (gid None)."""
+    present = dict(read_tmpfiles_dropin(root) or {})
+    present.update(dict.fromkeys(applied or {}, True))
     resolved: Dict[str, Optional[int]] = {}
     for name in names:
         validate_group_name(name)
@@ -1063,31 +1280,76 @@ def revert_names(args: argparse.Namespace, root: Path) -> List[str]:
 
 def cmd_revert(args: argparse.Namespace) -> int:
     root = Path(args.root)
+    require_root(args)
     say = (lambda text: None) if quiet(args) else print
     require_journald(root)
     check_paths(root)
-    groups = resolve_revert_groups(revert_names(args, root), root)
+    with locked(root, args.dry_run):
+        return revert_locked(args, root, say)
+
+
+def revert_locked(args: argparse.Namespace, root: Path, say: Callable[[str], None]) -> int:
+    store = acl_state().Store(root, create=False)
+    try:
+        return revert_with(args, root, say, store)
+    finally:
+        store.close()
+
+
+def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None], store) -> int:
+    applied = store.applied()
+    names = revert_names(args, root)
+    if args.all:
+        names += [n for n in applied if n != STOCK_GROUP and n not in names]
+    groups = resolve_revert_groups(names, root, applied)
     journal = root / JOURNAL_DIR
-    steps = revert_dropin(root, groups)
+    # Every check before the first write: the drop-in and the configuration are only
+    # touched once the tree can be (a read-only /var/log refuses the whole revert).
+    steps: List[Step] = []
     # adm's entries are systemd's own: its tmpfiles.d/systemd.conf sets default ACLs for
     # adm, so every file journald creates carries them; removing them would take from
-    # adm what a stock system gives it.  A group deleted since (gid None) has only its
-    # drop-in lines left.
-    gids = {gid for name, gid in groups.items() if name != STOCK_GROUP and gid is not None}
-    if gids:
+    # adm what a stock system gives it.  A group deleted since its apply is reverted by
+    # the gid recorded then; without a record only its drop-in lines are left.
+    reverted = {
+        name: gid if gid is not None else applied[name]
+        for name, gid in groups.items()
+        if name != STOCK_GROUP and (gid is not None or name in applied)
+    }
+    remaining = {n: g for n, g in applied.items() if n not in reverted}
+    if reverted:
         uids = journal_uids(root)
-        if revoke_tree(journal, gids, uids, dry_run=True):
-            names = ", ".join(n for n, g in groups.items() if g in gids)
+        if revoke_tree(journal, reverted, applied, uids, store, dry_run=True):
+            fd = open_journal(journal)
+            if fd is not None:
+                os.close(fd)
+                not_read_only(journal)
             steps.append(
                 (
-                    f"remove the ACL entries of {names} under {journal} (by file descriptor)",
-                    lambda: revoke_tree(journal, gids, uids),
+                    f"restore the ACLs under {journal} as they were before {', '.join(reverted)} "
+                    "was applied (by file descriptor)",
+                    lambda: revoke_tree(journal, reverted, applied, uids, store),
                 )
             )
+    if store.db is not None and any(n in applied for n in reverted):
+        writable(store.path.parent)
+        if remaining:
+            steps.append(
+                (
+                    f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}",
+                    lambda: forget_applied(store, remaining),
+                )
+            )
+        else:
+            steps.append((f"remove {store.path}", store.remove))
+    dropin_steps = revert_dropin(root, groups)
+    if dropin_steps:
+        writable((root / TMPFILES_DROPIN).parent)
+    steps += dropin_steps
     if not args.all:
         configured = configured_groups(root)
         dropped = [n for n in groups if n != STOCK_GROUP and n in configured]
         if dropped:
+            writable((root / DEFAULTS_FILE).parent)
             kept = [n for n in configured if n not in dropped] or [STOCK_GROUP]
             steps.append(
                 (
@@ -1108,6 +1370,12 @@ def cmd_revert(args: argparse.Namespace) -> int:
     if not args.dry_run:
         say(f"{journal} and the log files in it were left in place")
     return EXIT_OK
+
+
+def forget_applied(store: Any, remaining: Dict[str, int]) -> None:
+    store.begin()
+    store.set_applied(remaining)
+    store.commit()
 
 
 # --- command line ---------------------------------------------------------------------------

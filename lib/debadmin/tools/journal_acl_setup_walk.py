@@ -214,6 +214,36 @@ class Node:
             ) from None
 
 
+def restore(node: "Node", access: bytes, default: bytes, mode: int) -> None:
+    """Put back the ACL attributes (b"": none) and permission bits recorded for node,
+    on its descriptor (a directory's default ACL through its magic link)."""
+    try:
+        if access:
+            os.setxattr(node.fd, ACCESS_XATTR, access)
+        else:
+            try:
+                os.removexattr(node.fd, ACCESS_XATTR)
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:
+                    raise
+        if node.is_dir:
+            if default:
+                os.setxattr(magic_link(node.fd), DEFAULT_XATTR, default)
+            else:
+                try:
+                    os.removexattr(magic_link(node.fd), DEFAULT_XATTR)
+                except OSError as exc:
+                    if exc.errno != errno.ENODATA:
+                        raise
+        # Removing an access ACL leaves the mask in the group bits: the mode goes back too.
+        if stat.S_IMODE(os.fstat(node.fd).st_mode) != stat.S_IMODE(mode):
+            os.fchmod(node.fd, stat.S_IMODE(mode))
+    except OSError as exc:
+        raise AclError(
+            f"cannot restore the ACL of {shown(node.path)}: {_proc_hint(exc)}"
+        ) from None
+
+
 def group_can(entries: Optional[Entries], owner_gid: int, gid: int, want: int, default=False):
     """Whether a member of gid (and of no other group) gets every permission in want.
 
@@ -272,6 +302,45 @@ def without(entries: Optional[Entries], gids: Set[int]) -> Optional[Entries]:
     return {k: v for k, v in entries.items() if not (k[0] == GROUP and k[1] in gids)}
 
 
+def grant_all(
+    access: Entries, default: Optional[Entries], owner_gid: int, gids, is_dir: bool
+) -> Tuple[Entries, Optional[Entries]]:
+    """What apply makes of an access and default ACL for gids: each group that cannot
+    read gets a named entry (and a default one on a directory), the mask widened by the
+    bits it needs.  The same for any order of gids: revert recomputes it."""
+    want = R | X if is_dir else R
+    new_access, new_default = access, default
+    for gid in sorted(gids):
+        if not group_can(new_access, owner_gid, gid, want):
+            new_access = granted(new_access, gid, want)
+        if is_dir and not group_can(new_default, owner_gid, gid, want, default=True):
+            new_default = granted(new_default or default_base(access), gid, want)
+    return new_access, new_default
+
+
+def _named(entries: Entries) -> bool:
+    return any(tag in (USER, GROUP) for tag, _ in entries)
+
+
+def strip_groups(
+    entries: Optional[Entries], gids: Set[int], minimal: Optional[Entries] = None
+) -> Optional[Entries]:
+    """entries without the named entries of gids, for an inode apply did not record (a
+    file journald made after apply, inheriting the default ACL): the mask narrowed to
+    what the entries left need and never wider than it was; with no named entry left,
+    minimal (the ACL of the mode) or, for a default ACL (minimal None), no mask.  None
+    when there is nothing of gids to remove."""
+    rest = without(entries, gids)
+    if rest is None:
+        return None
+    mask = rest.pop((MASK, UNDEFINED), None)
+    if not _named(rest):
+        return rest if minimal is None else minimal
+    if mask is not None:
+        rest[(MASK, UNDEFINED)] = mask & _group_class(rest)
+    return rest
+
+
 # --- the walk --------------------------------------------------------------------------------
 
 
@@ -283,6 +352,42 @@ class Skip:
 
     def __init__(self, code: str, path: str, message: str, action: bool = False) -> None:
         self.code, self.path, self.message, self.action = code, path, message, action
+
+
+class Skips:
+    """What a walk passed over, kept in bounded memory: every one asking for action (a
+    race, a refusal: few, and each must be listed), the first EXAMPLES of each other code
+    and a count of the rest (200,000 symbolic links make a summary, not 200,000 lines)."""
+
+    EXAMPLES = 10
+
+    def __init__(self) -> None:
+        self.kept: List[Skip] = []
+        self.counts: Dict[str, int] = {}
+
+    def append(self, skip: Skip) -> None:
+        seen = self.counts.get(skip.code, 0)
+        self.counts[skip.code] = seen + 1
+        if skip.action or seen < self.EXAMPLES:
+            self.kept.append(skip)
+
+    def __len__(self) -> int:
+        return sum(self.counts.values())
+
+    def items(self) -> List[Skip]:
+        """The skips kept, in path order, then one summary per code with more."""
+        result = sorted(self.kept, key=lambda s: s.path)
+        for code, count in sorted(self.counts.items()):
+            listed = sum(1 for s in self.kept if s.code == code)
+            if count > listed:
+                result.append(
+                    Skip(
+                        code,
+                        "",
+                        f"{code}: {count - listed} more like the {listed} above, not listed",
+                    )
+                )
+        return result
 
 
 def mount_id(fd: int) -> Optional[int]:
@@ -302,7 +407,7 @@ def walk(
     top_fd: int,
     top_path: str,
     allowed_uids: Set[int],
-    skips: List[Skip],
+    skips: Skips,
     open_files: bool = True,
 ) -> Iterator[Node]:
     """Yield top and every directory and regular file under it, each open while yielded.
@@ -336,7 +441,7 @@ def _walk_by_name(
     top_path: str,
     top_st: os.stat_result,
     allowed_uids: Set[int],
-    skips: List[Skip],
+    skips: Skips,
     mount: Tuple[int, Optional[int]],
 ) -> Iterator[Node]:
     try:
@@ -369,11 +474,21 @@ def _refused(
     # Directories only: on an overlayfs whose layers are on several filesystems
     # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
     # takes root, as any mount does.
-    if is_dir and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
+    if is_dir and mount[1] is not None and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
         return Skip(
             "skipped-mount",
             path,
             f"{shown(path)} is a mount point (or on another filesystem): not walked, left alone",
+        )
+    if is_dir and mount[1] is None:
+        # Without /proc/self/fdinfo a bind mount of the same filesystem cannot be told
+        # from a directory: fail closed, the directory is not walked and check says so.
+        return Skip(
+            "unknown-mount",
+            path,
+            f"{shown(path)}: cannot tell whether it is a mount point (/proc/self/fdinfo "
+            "cannot be read): not walked",
+            action=True,
         )
     if st.st_uid not in allowed_uids:
         return Skip(
@@ -407,7 +522,7 @@ def _files_by_name(
     top_st: os.stat_result,
     names: List[str],
     allowed_uids: Set[int],
-    skips: List[Skip],
+    skips: Skips,
     here: Optional[int],
 ) -> Optional[List[FileRead]]:
     """The regular files names of the directory open as top_fd, read without opening
@@ -478,22 +593,29 @@ def _files_by_name(
     return read
 
 
+BATCH = 512  # files read by name per batch: memory bounded however large a directory
+
+
 def _walk(
     top_fd: int,
     top_path: str,
     top_st: os.stat_result,
     allowed_uids: Set[int],
-    skips: List[Skip],
+    skips: Skips,
     depth: int,
     mount: Tuple[int, Optional[int]],
     here: Optional[int],
 ) -> Iterator[Node]:
+    """The directory open as top_fd, then what is in it, as the directory is read: no
+    list of a directory's entries is ever built (a journal directory can hold 200,000
+    files), only batches of BATCH names read by name."""
     node = Node(top_path, top_fd, top_st, True)
+    yield node
+    by_name = here != OPEN_FILES
+    batch: List[str] = []
     try:
-        with os.scandir(top_fd) as it:
-            entries = [(e.name, _kind(e)) for e in it]
+        it = os.scandir(top_fd)
     except FileNotFoundError:
-        yield node
         return
     except OSError as exc:
         skips.append(
@@ -504,62 +626,141 @@ def _walk(
                 action=True,
             )
         )
-        yield node
         return
-    by_name = False
-    if here != OPEN_FILES:
-        files = [name for name, kind in entries if kind == "file"]
-        read = _files_by_name(top_fd, top_path, top_st, files, allowed_uids, skips, here)
-        if read is not None:
-            node.files, by_name = read, True
-    yield node
-    for name, kind in entries:
-        path = f"{top_path}/{name}"
-        if kind == "link":
-            skips.append(
-                Skip("ignored-symlink", path, f"{shown(path)} is a symbolic link, never followed")
-            )
-            continue
-        if kind == "other":
-            skips.append(
-                Skip("skipped-type", path, f"{shown(path)} is not a directory or regular file")
-            )
-            continue
-        is_dir = kind == "dir"
-        if not is_dir and by_name:
-            continue  # read by name above
-        try:
-            fd = os.open(name, O_DIR if is_dir else O_FILE, dir_fd=top_fd)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
-                skips.append(_changed(path))
-            else:
-                skips.append(_unreadable(path, exc, "open"))
-            continue
-        try:
-            st = os.fstat(fd)
-            skip = _refused(path, st, is_dir, top_st, allowed_uids, mount, fd)
-            if skip is not None:
-                skips.append(skip)
-                continue
-            if is_dir:
-                if depth + 1 >= MAX_DEPTH:
-                    skips.append(
-                        Skip(
-                            "skipped-depth",
-                            path,
-                            f"{shown(path)} is nested more than "
-                            f"{MAX_DEPTH} levels deep: left alone",
-                        )
+    with it:
+        for entry in it:
+            name, kind = entry.name, _kind(entry)
+            path = f"{top_path}/{name}"
+            if kind == "link":
+                skips.append(
+                    Skip(
+                        "ignored-symlink",
+                        path,
+                        f"{shown(path)} is a symbolic link, never followed",
                     )
-                    continue
-                yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount, here)
-            else:
-                yield Node(path, fd, st, False)
-        finally:
+                )
+                continue
+            if kind == "other":
+                skips.append(
+                    Skip("skipped-type", path, f"{shown(path)} is not a directory or regular file")
+                )
+                continue
+            is_dir = kind == "dir"
+            if not is_dir and by_name:
+                batch.append(name)
+                if len(batch) >= BATCH:
+                    yield from _batch(top_fd, top_path, top_st, batch, allowed_uids, skips, here)
+                    batch = []
+                continue
+            yield from _visit(
+                top_fd, name, path, is_dir, top_st, allowed_uids, skips, depth, mount, here
+            )
+    if batch:
+        yield from _batch(top_fd, top_path, top_st, batch, allowed_uids, skips, here)
+
+
+def _batch(
+    top_fd: int,
+    top_path: str,
+    top_st: os.stat_result,
+    names: List[str],
+    allowed_uids: Set[int],
+    skips: Skips,
+    here: Optional[int],
+) -> Iterator[Node]:
+    """A batch of regular files read by name, as a node of the directory with no ACL of
+    its own (files set, is_dir false, fd -1); where they cannot be read by name, each is
+    opened and visited instead."""
+    read = _files_by_name(top_fd, top_path, top_st, names, allowed_uids, skips, here)
+    if read is not None:
+        batch = Node(top_path, -1, top_st, False)
+        batch.files = read
+        yield batch
+        return
+    for name in names:
+        yield from _visit(
+            top_fd,
+            name,
+            f"{top_path}/{name}",
+            False,
+            top_st,
+            allowed_uids,
+            skips,
+            0,
+            NO_MOUNT,
+            here,
+        )
+
+
+def open_checked(dir_fd: int, name: str, is_dir: bool) -> Tuple[int, os.stat_result]:
+    """Open name in dir_fd as what it was listed as, looking before opening: O_PATH (which
+    opens nothing: no FIFO waits, no device acts), fstat, and only a directory or regular
+    file is then opened for real, through /proc/self/fd of the O_PATH descriptor (the
+    same inode, no second lookup), or where /proc is missing by name again, O_NOFOLLOW,
+    its inode compared.  Raises OSError(ELOOP) for anything that is not what it was."""
+    path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(path_fd)
+        if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
+            raise OSError(errno.ELOOP, "changed type")
+        flags = (O_DIR if is_dir else O_FILE) & ~os.O_NOFOLLOW
+        try:
+            fd = os.open(magic_link(path_fd), flags)
+        except FileNotFoundError:
+            if os.path.isdir("/proc/self/fd"):
+                raise
+            fd = os.open(name, O_DIR if is_dir else O_FILE, dir_fd=dir_fd)
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
+            raise OSError(errno.ELOOP, "changed while opened")
+        return fd, opened
+    finally:
+        os.close(path_fd)
+
+
+def _visit(
+    top_fd: int,
+    name: str,
+    path: str,
+    is_dir: bool,
+    top_st: os.stat_result,
+    allowed_uids: Set[int],
+    skips: Skips,
+    depth: int,
+    mount: Tuple[int, Optional[int]],
+    here: Optional[int],
+) -> Iterator[Node]:
+    try:
+        fd, st = open_checked(top_fd, name, is_dir)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            skips.append(_changed(path))
+        else:
+            skips.append(_unreadable(path, exc, "open"))
+        return
+    try:
+        skip = _refused(path, st, is_dir, top_st, allowed_uids, mount, fd)
+        if skip is not None:
+            skips.append(skip)
+            return
+        if is_dir:
+            if depth + 1 >= MAX_DEPTH:
+                skips.append(
+                    Skip(
+                        "skipped-depth",
+                        path,
+                        f"{shown(path)} is nested more than {MAX_DEPTH} levels deep: left alone",
+                    )
+                )
+                return
+            yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount, here)
+        else:
+            yield Node(path, fd, st, False)
+    finally:
+        os.close(fd)
 
 
 def _unreadable(path: str, exc: OSError, verb: str) -> Skip:
