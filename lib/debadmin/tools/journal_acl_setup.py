@@ -971,7 +971,9 @@ def require_root(args: argparse.Namespace) -> None:
 def lock_path(root: Path) -> Path:
     """One lock for apply, revert, the postinst and the boot service."""
     if root == Path("/"):
-        return Path("/run/journal-acl-setup.lock")
+        # A directory of its own: the boot unit's RuntimeDirectory=, writable there
+        # although ProtectSystem=strict makes the rest of /run read-only.
+        return Path("/run/journal-acl-setup/lock")
     return root / acl_state().STATE_DIR / "lock"
 
 
@@ -981,9 +983,8 @@ def locked(root: Path, dry_run: bool) -> Any:
         yield
         return
     path = lock_path(root)
-    if root != Path("/"):
-        writable(path.parent)
-        make_dirs(path.parent)
+    writable(path.parent)
+    make_dirs(path.parent)
     with fsutil.locked(path):
         yield
 
