@@ -37,6 +37,8 @@ TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
 TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography qemu-utils
 TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
 	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT)) debian-archive-keyring
+# Not here: qemu-system-misc opensbi u-boot-qemu, for the opt-in riscv64 boot
+# (DEBADMIN_TEST_RISCV64=1 tests/integration/netboot-serialize/test-qemu-riscv64, ~5 min).
 TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
 TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS),$(TEST_DEPENDS_$(tool)))

@@ -987,6 +987,7 @@ def test_enable_networkd_writes_the_native_dropin(tmp_path, monkeypatch, capsys,
     assert dropin.exists() and sysctl(root, "all", "forwarding") == 1
     assert raf.main(["disable", "eth0"]) == 0
     assert not dropin.exists() and sysctl(root, "all", "forwarding") == 0
+    assert not dropin.parent.exists()  # the 50-eth0.network.d/ enable created goes too
 
 
 def test_enable_networkd_without_settings_needs_no_advice(tmp_path, monkeypatch, capsys):
@@ -1096,3 +1097,114 @@ def test_enable_on_a_down_link_does_not_warn(host, capsys, caplog):
     out, err = capsys.readouterr()
     assert "skipped: send a router solicitation on eth0: the link is down" in out
     assert err == "" and "WARNING" not in caplog.text and host.sent == []
+
+
+# --- the edges: bridge ports, disable under the watcher, recreated links, tentative ------
+
+
+def bridge(host, port="eth0", master="br0"):
+    net = host / "sys/class/net"
+    (net / master / "bridge").mkdir(parents=True)
+    (net / port).mkdir(parents=True, exist_ok=True)
+    (net / port / "device").mkdir()
+    (net / port / "master").symlink_to(f"../{master}")
+
+
+def test_enable_on_a_bridge_port_is_refused_naming_the_bridge(host, capsys):
+    bridge(host)
+    assert raf.main(["enable", "eth0"]) == 2
+    err = capsys.readouterr().err
+    assert "eth0 is a port of bridge br0" in err and "enable br0" in err
+    assert err.count("\n") == 1
+    assert not (host / raf.DROPIN).exists() and sysctl(host, "all", "forwarding") == 0
+    assert sysctl(host, "eth0", "accept_ra") == 1 and host.sent == []
+    # The watcher leaves it alone too, whatever UPLINKS matches.
+    assert not raf.configure_new(host, "eth0", dry_run=False)
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\nFORWARDING=no\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 1
+
+
+def test_disable_holds_against_the_watchers_uplinks(host, capsys):
+    (host / raf.DEFAULTS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (host / raf.DEFAULTS_FILE).write_text('UPLINKS="eth*"\n')
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 1
+    state = raf.parse_dropin((host / raf.DROPIN).read_text())
+    assert state.held == ["eth0"] and state.uplinks == [] and not state.forwarding
+    config = raf.watched(host, raf.read_config(host))
+    assert config.held == ["eth0"]
+    # The watcher's periodic look and a new-link event leave it at 1.
+    assert raf.recheck(host, config, {raf.ALL}, dry_run=False) == ["eth0.100"]
+    assert sysctl(host, "eth0", "accept_ra") == 1
+    raf.apply_existing(host, config, dry_run=False)
+    assert sysctl(host, "eth0", "accept_ra") == 1
+    # enable takes it back.
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.parse_dropin((host / raf.DROPIN).read_text()).held == []
+    assert raf.main(["disable", "--no-persist", "eth0"]) == 0
+    assert "nothing stops ipv6-ra-forward.service" in capsys.readouterr().out
+
+
+def test_disable_without_a_watcher_match_holds_nothing(host):
+    assert raf.main(["enable", "eth0"]) == 0
+    assert raf.main(["disable", "eth0"]) == 0
+    assert not (host / raf.DROPIN).exists()
+
+
+@pytest.mark.parametrize(
+    "setup,says",
+    [
+        (None, "systemd-sysctl applies /etc/sysctl.d/60-ipv6-ra-forward.conf at boot"),
+        ("udev", "udev applies /etc/sysctl.d/60-ipv6-ra-forward.conf"),
+        ("ifupdown", "ifupdown's 'iface br0 inet6 auto' sets accept_ra 2"),
+        ("watcher", "ipv6-ra-forward.service sets accept_ra 2 and solicits (UPLINKS in"),
+    ],
+)
+def test_enable_says_what_brings_a_recreated_bridge_back(
+    tmp_path, monkeypatch, capsys, setup, says
+):
+    root = make_root(tmp_path, {"br0": (0, 1)})
+    monkeypatch.setattr(raf, "ROOT", root)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    (root / "sys/class/net/br0/bridge").mkdir(parents=True)
+    if setup == "udev":
+        (root / "run/udev").mkdir(parents=True)
+        (root / "run/udev/control").write_text("")
+    elif setup == "ifupdown":
+        (root / "etc/network").mkdir(parents=True)
+        (root / "etc/network/interfaces").write_text("iface br0 inet6 auto\n")
+    elif setup == "watcher":
+        (root / "etc/systemd/system/multi-user.target.wants").mkdir(parents=True)
+        (root / "etc/systemd/system/multi-user.target.wants/ipv6-ra-forward.service").touch()
+        (root / raf.DEFAULTS_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (root / raf.DEFAULTS_FILE).write_text('UPLINKS="br*"\n')
+    assert raf.main(["enable", "br0"]) == 0
+    out = capsys.readouterr().out
+    assert "when br0 is created again (ifdown/ifup, reboot): " in out and says in out
+    assert raf.main(["enable", "br0"]) == 0
+    assert capsys.readouterr().out == "nothing to change\n"
+
+
+IF_INET6 = (
+    "fe80000000000000020000fffe000001 0000000b 40 20 {flags} br0\n"
+    "20010db8000000000000000000000005 0000000b 40 00 00 br0\n"
+)
+
+
+def test_no_solicitation_while_the_link_local_address_is_tentative(tmp_path, capsys, caplog):
+    (tmp_path / "proc/net").mkdir(parents=True)
+    (tmp_path / "proc/net/if_inet6").write_text(IF_INET6.format(flags="c0"))
+    assert raf.link_local_tentative("br0", tmp_path)
+    step = raf.solicit_step("br0", tmp_path)
+    with pytest.raises(raf.Skipped, match="duplicate address detection"):
+        step.action()
+    raf._run_steps([step], dry_run=False)
+    out = capsys.readouterr().out
+    assert "skipped: send a router solicitation on br0: its link-local address is still" in out
+    assert "WARNING" not in caplog.text
+    (tmp_path / "proc/net/if_inet6").write_text(IF_INET6.format(flags="80"))
+    assert not raf.link_local_tentative("br0", tmp_path)
+    assert not raf.link_local_tentative("eth9", tmp_path)

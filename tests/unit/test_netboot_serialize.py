@@ -123,7 +123,7 @@ def test_default_needs_timeout(capsys, tree):
     assert code == 2 and "--default needs --timeout" in err
 
 
-@pytest.mark.parametrize("seconds", ["0", "3600", "-5"])
+@pytest.mark.parametrize("seconds", ["3600", "-5"])
 def test_bad_timeout(capsys, tree, seconds):
     code, _, _ = run(capsys, tree, "--timeout", seconds)
     assert code == 2
@@ -310,9 +310,9 @@ def test_second_run_changes_no_byte(capsys, tree):
 
 
 @pytest.mark.parametrize(
-    "first,second",
+    "first,second,fresh",
     [
-        (["--console", "ttyS0,115200n8"], ["--console", "ttyS1,115200n8"]),
+        (["--console", "ttyS0,115200n8"], ["--console", "ttyS1,115200n8"], None),
         (
             [
                 "--console",
@@ -325,19 +325,31 @@ def test_second_run_changes_no_byte(capsys, tree):
                 "expert",
             ],
             ["--console", "ttyS1,115200n8", "--also-vga"],
+            # What the second run keeps from the first.
+            ["--console", "ttyS1,115200n8", "--also-vga", "--extra-args", "a=1 --- b=2"]
+            + ["--timeout", "3", "--default", "expert"],
         ),
-        (["--also-vga", "--extra-args", "x=1"], ["--console", "ttyS3,38400", "--extra-args", "y"]),
-        (["--console", "ttyS2,115200"], []),
+        (
+            ["--also-vga", "--extra-args", "x=1"],
+            ["--console", "ttyS3,38400", "--extra-args", "y", "--no-also-vga"],
+            None,
+        ),
+        (["--console", "ttyS2,115200"], [], ["--console", "ttyS2,115200"]),
+        (
+            ["--console", "ttyS2,115200", "--timeout", "9", "--also-vga", "--extra-args", "x"],
+            ["--console", "ttyS0,115200", "--timeout", "0", "--no-also-vga", "--extra-args", ""],
+            [],
+        ),
     ],
 )
-def test_another_console_replaces_the_first(capsys, tmp_path, first, second):
+def test_another_console_replaces_the_first(capsys, tmp_path, first, second, fresh):
     for flavour in ("text", "gtk"):
         a, b = tmp_path / f"a-{flavour}", tmp_path / f"b-{flavour}"
         copy_fixture(flavour, a)
         copy_fixture(flavour, b)
         assert run(capsys, a, *first)[0] == 0
         assert run(capsys, a, *second)[0] == 0
-        assert run(capsys, b, *second)[0] == 0
+        assert run(capsys, b, *(second if fresh is None else fresh))[0] == 0
         assert snapshot(a) == snapshot(b)
 
 
@@ -406,6 +418,82 @@ def test_not_a_netboot_tree(capsys, tmp_path):
     assert code == 2 and "not a Debian installer netboot tree" in err
     code, _, err = run(capsys, tmp_path / "missing")
     assert code == 2 and "does not exist" in err
+
+
+# The layouts of Debian's netboot packages without a boot menu (file names as shipped).
+NO_MENU_TREES = {
+    "ppc64el": (
+        ["version.info", "debian-installer/ppc64el/initrd.gz", "debian-installer/ppc64el/vmlinux"],
+        "petitboot",
+    ),
+    "armhf": (
+        ["version.info", "boot.scr.uimg", "debian-installer/armhf/initrd.gz"]
+        + ["debian-installer/armhf/vmlinuz", "debian-installer/armhf/tftpboot.scr"],
+        "setenv console",
+    ),
+    "mips64el": (
+        ["loongson-3/initrd.gz", "loongson-3/vmlinuz-6.1.0-50-loongson-3", "loongson-3/boot.cfg"]
+        + ["malta/initrd.gz", "malta/vmlinuz-6.1.0-50-5kc-malta", "malta/netboot"],
+        "loongson-3/ and 1 more",
+    ),
+    "armel": (
+        ["kirkwood/network-console/qnap/ts-41x/initrd.gz"]
+        + ["kirkwood/network-console/qnap/ts-41x/uImage", "kirkwood/x/flash-debian"],
+        "firmware loader",
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(NO_MENU_TREES))
+def test_trees_without_a_boot_menu_say_what_to_do(capsys, tmp_path, arch):
+    names, says = NO_MENU_TREES[arch]
+    for name in names:
+        (tmp_path / arch / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / arch / name).write_bytes(b"")
+    before = listing(tmp_path)
+    code, _, err = run(capsys, tmp_path / arch)
+    assert code == 2 and "no boot menu" in err and says in err and err.count("\n") == 1
+    assert listing(tmp_path) == before
+
+
+def test_parent_of_text_and_gtk_names_both(capsys, tmp_path):
+    copy_fixture("text", tmp_path / "amd64/text")
+    copy_fixture("gtk", tmp_path / "amd64/gtk")
+    code, _, err = run(capsys, tmp_path / "amd64")
+    assert code == 2 and "give SOURCE/gtk or SOURCE/text" in err
+    path = make_tarball(tmp_path / "amd64", tmp_path / "both.tar.gz")
+    code, _, err = run(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "give SOURCE/gtk or SOURCE/text" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not shutil.which("zstd"), reason="zstd not installed")
+def test_zstd_tarball_is_named_as_such(capsys, tree, tmp_path):
+    plain = tmp_path / "netboot.tar"
+    with tarfile.open(plain, "w") as tar:
+        tar.add(tree, arcname=".")
+    subprocess.run(["zstd", "-q", "--rm", str(plain)], check=True)
+    path = tmp_path / "netboot.tar.zst"
+    data = path.read_bytes()
+    code, _, err = run(capsys, path, "-o", tmp_path / "out")
+    assert code == 2 and "zstd-compressed" in err and "tar --zstd -xf" in err
+    assert path.read_bytes() == data and not (tmp_path / "out").exists()
+
+
+def test_pax_global_header_survives(capsys, tree, tmp_path):
+    path = tmp_path / "netboot.tar.gz"
+    with tarfile.open(
+        path, "w:gz", format=tarfile.PAX_FORMAT, pax_headers={"comment": "git 0123abc"}
+    ) as tar:
+        tar.add(tree, arcname=".")
+    out = tmp_path / "out.tar.xz"
+    assert run(capsys, path, "-o", out)[0] == 0
+    assert run(capsys, path)[0] == 0
+    for written in (path, out):
+        with tarfile.open(written) as tar:
+            tar.getmembers()
+            assert tar.pax_headers == {"comment": "git 0123abc"}
+        assert run(capsys, written, "--check")[0] == 0
 
 
 def test_symlinked_config_is_refused(capsys, tree, tmp_path):
@@ -767,11 +855,71 @@ def test_output_onto_an_empty_or_earlier_directory(capsys, tmp_path):
     assert run(capsys, src, "--output", dest)[0] == 0
     assert run(capsys, dest, "--check")[0] == 0
     assert stat.S_IMODE(dest.stat().st_mode) == 0o750
-    # A text tree into a directory holding the larger gtk tree loses gtk-only files: refused.
+    # The installer's own directory is replaced whole: a text tree may follow the larger
+    # gtk tree (as trixie's follows bookworm's, whose GRUB has modules trixie's lacks),
+    # and keeps the console the root was serialized for.
     gtk = copy_fixture("gtk", tmp_path / "gtk")
     assert run(capsys, gtk, "--output", dest, "--console", "ttyS1,9600")[0] == 0
+    code, out, _ = run(capsys, src, "--output", dest)
+    assert code == 0 and f"kept from the earlier run in {dest}: --console ttyS1,9600n8" in out
+    assert not (dest / BS / "gtk").exists()
+    assert run(capsys, dest, "--check", "--console", "ttyS1,9600")[0] == 0
+    # Anything else the new tree lacks is the admin's: refused.
+    assert run(capsys, gtk, "--output", dest)[0] == 0
+    (dest / "preseed.cfg").write_text("d-i debian-installer/locale string C\n")
+    before = listing(tmp_path)
     code, _, err = run(capsys, src, "--output", dest)
-    assert code == 2 and "refusing to replace" in err
+    assert code == 2 and "refusing to replace" in err and "preseed.cfg" in err
+    assert listing(tmp_path) == before
+
+
+def test_rerun_keeps_the_earlier_choices(capsys, tree):
+    first = ["--console", "ttyS1,9600", "--also-vga", "--extra-args", "a=1 --- b=2"]
+    assert run(capsys, tree, *first, "--timeout", "5", "--default", "rescue")[0] == 0
+    before = snapshot(tree)
+    code, out, _ = run(capsys, tree)
+    assert code == 0 and "nothing to change" in out
+    assert (
+        f"kept from the earlier run in {tree}: --console ttyS1,9600n8 --also-vga "
+        "--extra-args 'a=1 --- b=2' --timeout 5 --default rescue"
+    ) in out
+    assert snapshot(tree) == before
+    assert run(capsys, tree, "--check")[0] == 0
+    # One choice changed, the others kept; --timeout 0 and --no-also-vga undo theirs.
+    code, out, _ = run(capsys, tree, "--json", "--timeout", "0", "--no-also-vga")
+    document = json.loads(out)
+    assert code == 0 and document["kept"] == [
+        "--console ttyS1,9600n8",
+        "--extra-args 'a=1 --- b=2'",
+    ]
+    assert document["timeout"] is None and document["also_vga"] is False
+    expected = copy_fixture(tree.name, tree.parent / "expected")
+    assert run(capsys, expected, "--console", "ttyS1,9600", "--extra-args", "a=1 --- b=2")[0] == 0
+    assert snapshot(tree) == snapshot(expected)
+    code, out, _ = run(capsys, tree, "--extra-args", "")
+    assert code == 0 and "--extra-args" not in out.splitlines()[1]
+
+
+def test_rerun_keeps_timeout_of_a_tree_serialized_before_it_was_recorded(capsys, tree):
+    """The settings comment of 0.1.0 and of 0.2.0 before this held no timeout: read it from
+    what the run wrote (GRUB's set timeout/default, syslinux's timeout/ontimeout)."""
+    assert run(capsys, tree, "--timeout", "7", "--default", "expert")[0] == 0
+    for name in (GRUB, BS + "syslinux.cfg"):
+        data = (tree / name).read_text()
+        (tree / name).write_text(data.replace(" timeout=7 default=expert", ""))
+    layout, files = ns.read_tree(tree)
+    assert ns.recorded_settings(files, layout).timeout == 7
+    assert ns.recorded_settings(files, layout).default == "expert"
+    # Without GRUB's block, syslinux.cfg's timeout and ontimeout say the same.
+    kept = [
+        ln
+        for ln in (tree / GRUB).read_text().splitlines(True)
+        if not ln.startswith(ns.MARKER) and not ln.startswith("set ")
+    ]
+    (tree / GRUB).write_text("".join(kept))
+    layout, files = ns.read_tree(tree)
+    found = ns.recorded_settings(files, layout)
+    assert (found.timeout, found.default) == (7, "expert")
 
 
 def test_second_output_run_writes_nothing(capsys, tree, tmp_path):
@@ -844,7 +992,8 @@ def partial_run(tree: Path, argv, only) -> None:
 
 
 FIRST = ["--console", "ttyS0,9600", "--extra-args", "a=1 --- b=2", "--timeout", "3"]
-SECOND = ["--console", "ttyS1,115200n8", "--also-vga", "--extra-args", "c=3"]
+# Every choice explicit: a rerun keeps what it does not name (test_rerun_keeps_...).
+SECOND = ["--console", "ttyS1,115200n8", "--also-vga", "--extra-args", "c=3", "--timeout", "0"]
 
 
 @pytest.mark.parametrize("flavour", ["text", "gtk"])
@@ -1270,7 +1419,10 @@ def test_arm64_tarball_with_an_8250_console(capsys, tmp_path):
     assert run(capsys, path, "--console", "ttyS2,9600")[0] == 0
     with tarfile.open(path) as tar:
         cfg = tar.extractfile("./" + ARM64_GRUB).read().decode()
-    assert "serial --unit=2 --speed=9600" in cfg and "console=ttyS2,9600n8" in cfg
+    # GRUB on arm64 has no com2 (its 8250 driver is x86 only): the menu goes to the
+    # firmware console, the kernel to the 8250 asked for.
+    assert "serial --unit" not in cfg and "console=ttyS2,9600n8" in cfg
+    assert "terminal_output console\n" in cfg
 
 
 def test_syslinux_tree_refuses_a_console_syslinux_cannot_drive(capsys, tree):
@@ -1281,10 +1433,21 @@ def test_syslinux_tree_refuses_a_console_syslinux_cannot_drive(capsys, tree):
 
 
 def test_grub_serial_unit_for_high_ports(capsys, tmp_path):
-    tree = tmp_path / "arm64"
-    shutil.copytree(DATA / "arm64", tree)
+    """An x86 tree with GRUB alone (no syslinux, which drives ttyS0..3 only)."""
+    tree = tmp_path / "amd64"
+    shutil.copytree(DATA / "arm64/debian-installer/arm64", tree / "debian-installer/amd64")
     assert run(capsys, tree, "--console", "ttyS17,115200")[0] == 0
-    assert "serial --unit=17 " in (tree / ARM64_GRUB).read_text()
+    assert "serial --unit=17 " in (tree / GRUB).read_text()
+
+
+@pytest.mark.parametrize("arch", ["arm64", "riscv64"])
+def test_grub_off_x86_never_names_a_com_port(capsys, tmp_path, arch):
+    tree = tmp_path / arch
+    shutil.copytree(DATA / "arm64/debian-installer/arm64", tree / f"debian-installer/{arch}")
+    assert run(capsys, tree, "--console", "ttyS0,115200")[0] == 0
+    cfg = (tree / f"debian-installer/{arch}/grub/grub.cfg").read_text()
+    assert "serial " not in cfg and "terminal_output serial" not in cfg
+    assert "terminal_input console\nterminal_output console\n" in cfg
 
 
 def test_several_architectures_are_refused_by_name(capsys, tmp_path, tree):

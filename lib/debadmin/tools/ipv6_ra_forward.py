@@ -138,9 +138,13 @@ class Persisted:
     saved_accept_ra: Dict[str, int] = field(default_factory=dict)
     saved_forwarding: Optional[int] = None
     managed: Dict[str, str] = field(default_factory=dict)
+    # Uplinks 'disable' took out that UPLINKS of the watcher matches: it leaves them alone.
+    held: List[str] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [GENERATED]
+        for name in sorted(self.held):
+            lines.append(f"# disabled: {name}\n")
         for name in sorted(self.managed):
             lines.append(f"# uplink: {name} {self.managed[name]}\n")
         for name in sorted(self.saved_accept_ra):
@@ -160,7 +164,7 @@ class Persisted:
 
     @property
     def empty(self) -> bool:
-        return not self.uplinks and not self.managed and not self.forwarding
+        return not self.uplinks and not self.managed and not self.forwarding and not self.held
 
     def copy(self) -> "Persisted":
         return Persisted(
@@ -169,9 +173,11 @@ class Persisted:
             dict(self.saved_accept_ra),
             self.saved_forwarding,
             dict(self.managed),
+            list(self.held),
         )
 
 
+HELD = re.compile(r"^# disabled: (\S+)$")
 SAVED = re.compile(r"^# saved: (\S+) (accept_ra|forwarding)=(-?\d+)$")
 MANAGED = re.compile(r"^# uplink: (\S+) (systemd-networkd|NetworkManager)$")
 
@@ -188,6 +194,10 @@ def parse_dropin(text: str, path: str = DROPIN) -> Persisted:
                 state.saved_forwarding = int(value)
             elif key == "accept_ra":
                 state.saved_accept_ra[validate_ifname(name)] = int(value)
+            continue
+        held = HELD.match(line)
+        if held:
+            state.held.append(validate_ifname(held.group(1)))
             continue
         managed = MANAGED.match(line)
         if managed:
@@ -226,6 +236,7 @@ def read_dropin(root: Path = Path("/")) -> Optional[Persisted]:
 class Config:
     uplinks: List[str] = field(default_factory=list)
     forwarding: bool = True
+    held: List[str] = field(default_factory=list)  # disabled by 'disable': left alone
 
 
 def read_config(root: Path = Path("/"), path: Optional[Path] = None) -> Config:
@@ -274,11 +285,40 @@ def send_router_solicitation(ifname: str) -> None:
         ) from None
 
 
+IFA_F_TENTATIVE = 0x40
+IPV6_SCOPE_LINK = 0x20
+
+
+def link_local_tentative(ifname: str, root: Path = Path("/")) -> bool:
+    """Whether ifname's link-local address is still in duplicate address detection
+    (/proc/net/if_inet6: address, index, prefix length, scope, flags, name)."""
+    text = fsutil.read_text(root / "proc/net/if_inet6") or ""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and fields[5] == ifname and int(fields[3], 16) == IPV6_SCOPE_LINK:
+            if int(fields[4], 16) & IFA_F_TENTATIVE:
+                return True
+    return False
+
+
+TENTATIVE = (
+    "its link-local address is still tentative: the kernel solicits by itself when duplicate "
+    "address detection completes, and accept_ra is 2 by then"
+)
+
+
 def solicit(ifname: str) -> bool:
-    """Solicit, logging instead of failing: a link that is down solicits by itself when up."""
+    """Solicit, logging instead of failing: a link that is down solicits by itself when up,
+    one whose link-local address is tentative when duplicate address detection ends."""
+    if link_local_tentative(ifname):
+        log.info("no router solicitation on %s: %s", ifname, TENTATIVE)
+        return False
     try:
         send_router_solicitation(ifname)
     except Error as exc:
+        if link_local_tentative(ifname):  # it became tentative meanwhile (link bounced)
+            log.info("no router solicitation on %s: %s", ifname, TENTATIVE)
+            return False
         log.warning("%s (the kernel solicits by itself when the link comes up)", exc)
         return False
     log.info("sent a router solicitation on %s", ifname)
@@ -698,11 +738,24 @@ def dropin_step(root: Path, text: Optional[str]) -> Step:
     return Step(f"write {path}", lambda: fsutil.atomic_write(path, text), restore)
 
 
-def file_removal_step(path: Path) -> Step:
+def file_removal_step(path: Path, remove_empty_parent: bool = False) -> Step:
+    """Remove path (and its directory when remove_empty_parent and nothing else is in it:
+    the FILE.network.d/ that enable --networkd created)."""
     old = path.read_bytes()
-    return Step(
-        f"remove {path}", lambda: fsutil.remove_file(path), lambda: fsutil.atomic_write(path, old)
-    )
+
+    def action() -> None:
+        fsutil.remove_file(path)
+        if remove_empty_parent:
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass  # not empty: the admin's drop-ins stay, and so does their directory
+
+    def undo() -> None:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fsutil.atomic_write(path, old)
+
+    return Step(f"remove {path}", action, undo)
 
 
 def solicit_step(name: str, root: Path = Path("/")) -> Step:
@@ -711,6 +764,8 @@ def solicit_step(name: str, root: Path = Path("/")) -> Step:
             # Not worth a warning: the kernel solicits by itself when the link comes up,
             # and accept_ra is 2 by then.
             raise Skipped("the link is down; the kernel solicits when it comes up")
+        if link_local_tentative(name, root):
+            raise Skipped(TENTATIVE)
         if not solicit(name):
             raise Skipped("not sent (see the warning above)")
 
@@ -733,6 +788,36 @@ def _unique_names(names: List[str]) -> List[str]:
         if name not in unique:
             unique.append(name)
     return unique
+
+
+def master_of(root: Path, ifname: str) -> Optional[Tuple[str, str]]:
+    """(kind, name) of the bridge, bond or other device ifname is a port of, else None."""
+    link = root / "sys/class/net" / ifname / "master"
+    try:
+        master = os.path.basename(os.readlink(link))
+    except OSError:
+        return None
+    base = root / "sys/class/net" / master
+    kind = (
+        "bridge"
+        if (base / "bridge").is_dir()
+        else "bond"
+        if (base / "bonding").is_dir()
+        else "device"
+    )
+    return kind, master
+
+
+def port_refusal(root: Path, ifname: str) -> Optional[str]:
+    """Why ifname cannot be an uplink (a port of a bridge or bond), or None."""
+    master = master_of(root, ifname)
+    if master is None:
+        return None
+    kind, name = master
+    return (
+        f"{ifname} is a port of {kind} {name}, which holds the address and the default "
+        f"route: forwarding would drop {name}'s route; run 'ipv6-ra-forward enable {name}'"
+    )
 
 
 def _require_present(root: Path, names: List[str], absent_ok: Iterable[str] = ()) -> None:
@@ -841,6 +926,8 @@ def plan_enable(
     kernel_uplinks = []
     blocked = False
     for name in uplinks:
+        if name in state.held:
+            state.held.remove(name)  # enabled again: the watcher may keep it again
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
             if networkd and owner.name == owners.NETWORKD:
@@ -905,6 +992,11 @@ def cmd_enable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _unique_names(args.uplinks)
     _require_present(root, uplinks)
+    for name in uplinks:
+        # Refused before anything is planned, so that nothing is written.
+        why = port_refusal(root, name)
+        if why:
+            raise Error(why)
     with _lock(root, args.dry_run):
         steps, _, snippets = plan_enable(
             root, uplinks, not args.no_forwarding, not args.no_persist, args.networkd
@@ -914,7 +1006,65 @@ def cmd_enable(args: argparse.Namespace) -> int:
         print("nothing to change")
     for text in snippets:
         print(text, end="")
+    for name in uplinks if steps else []:
+        # A bridge, bond or VLAN is created anew by ifdown/ifup (a NIC is not): say what
+        # brings accept_ra back then.
+        sys_dir = root / "sys/class/net" / name
+        if sys_dir.is_dir() and not (sys_dir / "device").exists():
+            note = reapply_note(root, name, not args.no_persist)
+            if note:
+                print(note)
     return EXIT_ACTION if snippets else EXIT_OK
+
+
+def watcher_covers(root: Path, ifname: str, persist: bool) -> Optional[str]:
+    """How ipv6-ra-forward.service would take ifname up again, or None when it would not."""
+    if not owners._service_enabled(root, "ipv6-ra-forward.service"):
+        return None
+    try:
+        config = read_config(root)
+    except Error:
+        return None
+    if matches(config.uplinks, ifname):
+        return f"UPLINKS in /{DEFAULTS_FILE} matches it"
+    if persist and config.uplinks:
+        return f"it is in /{DROPIN}"
+    if persist:
+        return None  # watch with no UPLINKS watches nothing
+    return None
+
+
+def reapply_note(root: Path, ifname: str, persist: bool) -> str:
+    """One line: what sets accept_ra=2 again when ifname is created anew (ifdown/ifup of a
+    bridge, a reboot), and whether the route then comes back at once."""
+    owner = owners.detect(root, ifname)
+    if owner.handles_ra_itself:
+        return ""
+    prefix = f"when {ifname} is created again (ifdown/ifup, reboot): "
+    if ifupdown_accept_ra(owner) == "2":
+        method = (owner.inet6 or {}).get("method", "auto")
+        return (
+            prefix + f"ifupdown's 'iface {ifname} inet6 {method}' sets accept_ra 2 "
+            "before the link comes up, and the kernel solicits"
+        )
+    why = watcher_covers(root, ifname, persist)
+    if why:
+        return prefix + f"ipv6-ra-forward.service sets accept_ra 2 and solicits ({why})"
+    if persist and (root / "run/udev/control").exists():
+        return (
+            prefix + f"udev applies /{DROPIN} (systemd's 99-systemd.rules), but sends no "
+            "router solicitation: if the link is up by then, the route waits for the "
+            "router's next advertisement (radvd: up to 10 minutes); for it at once, "
+            f"use 'iface {ifname} inet6 auto' or UPLINKS={ifname} with "
+            "ipv6-ra-forward.service enabled"
+        )
+    if persist:
+        return (
+            prefix + f"systemd-sysctl applies /{DROPIN} at boot; no udev runs here to "
+            f"apply it to a recreated {ifname}: use 'iface {ifname} inet6 auto' or "
+            "ipv6-ra-forward.service"
+        )
+    return prefix + "nothing: --no-persist changed the running system only"
 
 
 def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[Step], List[str]]:
@@ -942,7 +1092,7 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
         owner = owners.detect(root, name)
         dropin = networkd_dropin(root, owner)
         if dropin is not None and dropin.exists():
-            networkd_steps.append(file_removal_step(dropin))
+            networkd_steps.append(file_removal_step(dropin, remove_empty_parent=True))
         if name not in state.saved_accept_ra and owner.handles_ra_itself:
             log.info("%s is managed by its network manager: accept_ra left alone", name)
             continue
@@ -957,17 +1107,35 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
         current = read_sysctl(root, name, "accept_ra")
         if current != target:
             steps.append(sysctl_step(root, name, "accept_ra", target, current))
-    if persist and previous is not None:
-        new = Persisted(
-            [n for n in previous.uplinks if n in remaining],
-            previous.forwarding,
-            {k: v for k, v in previous.saved_accept_ra.items() if k in remaining},
-            previous.saved_forwarding,
-            {k: v for k, v in previous.managed.items() if k in remaining},
+    # The watcher's UPLINKS may match an uplink disabled here: it would raise accept_ra
+    # again at once. Recorded as held in the drop-in, which the watcher reads at each
+    # event, it is left alone until 'enable' names it again.
+    try:
+        patterns = read_config(root).uplinks
+    except Error:
+        patterns = []
+    held = sorted(set(state.held) | {n for n in uplinks if matches(patterns, n)})
+    held = [n for n in held if matches(patterns, n)]  # no longer matched: nothing to hold
+    if not persist and any(matches(patterns, n) for n in uplinks):
+        notes.append(
+            f"note: UPLINKS in /{DEFAULTS_FILE} matches "
+            + " ".join(n for n in uplinks if matches(patterns, n))
+            + ": with --no-persist nothing stops ipv6-ra-forward.service raising it again"
         )
-        if not remaining:
-            steps.insert(0, dropin_step(root, None))
-        elif new.render() != previous.render():
+    if persist and (previous is not None or held):
+        base = previous or Persisted()
+        new = Persisted(
+            [n for n in base.uplinks if n in remaining],
+            base.forwarding and bool(remaining),
+            {k: v for k, v in base.saved_accept_ra.items() if k in remaining},
+            base.saved_forwarding if remaining else None,
+            {k: v for k, v in base.managed.items() if k in remaining},
+            held,
+        )
+        if new.empty:
+            if previous is not None:
+                steps.insert(0, dropin_step(root, None))
+        elif previous is None or new.render() != previous.render():
             steps.insert(0, dropin_step(root, new.render()))
     if networkd_steps and persist:
         steps.extend([*networkd_steps, networkd_reload_step(root)])
@@ -1016,6 +1184,10 @@ def configure_new(root: Path, ifname: str, dry_run: bool, lowered: Optional[int]
             ifname,
             sysctl_path(root, ifname, "accept_ra"),
         )
+        return False
+    why = port_refusal(root, ifname)
+    if why:
+        log.warning("%s left alone: %s", ifname, why)
         return False
     owner = owners.detect(root, ifname)
     if owner.handles_ra_itself:
@@ -1093,17 +1265,26 @@ def watched(root: Path, config: Config) -> Config:
     except Error as exc:
         log.warning("%s", exc)
         persisted = None
-    if persisted is None or not persisted.uplinks:
+    if persisted is None:
         return config
+    held = list(persisted.held)
+    if not persisted.uplinks:
+        return Config(config.uplinks, config.forwarding, held)
     extra = [n for n in persisted.uplinks if n not in config.uplinks]
     if not config.uplinks:
-        return Config(extra, persisted.forwarding)
-    return Config(config.uplinks + extra, config.forwarding)
+        return Config(extra, persisted.forwarding, held)
+    return Config(config.uplinks + extra, config.forwarding, held)
 
 
 def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
     """What enable --no-persist does, for the existing interfaces that match UPLINKS."""
-    existing = valid_names(n for n in ipv6_interfaces(root) if matches(config.uplinks, n))
+    existing = []
+    for name in valid_names(n for n in ipv6_interfaces(root) if matches(config.uplinks, n)):
+        why = port_refusal(root, name)
+        if why:
+            log.warning("%s left alone: %s", name, why)
+        elif name not in config.held:
+            existing.append(name)
     if existing:
         steps, _, snippets = plan_enable(root, existing, config.forwarding, persist=False)
         _run_steps(steps, dry_run)
@@ -1199,7 +1380,7 @@ def recheck(root: Path, config: Config, indexes: set, dry_run: bool) -> List[str
             current = read_sysctl(root, name, "accept_ra")
         except Error:
             continue
-        if current == 2:
+        if current == 2 or name in config.held or master_of(root, name):
             continue
         if owners.detect(root, name).handles_ra_itself:
             continue  # networkd and NetworkManager own accept_ra (0) on their links
@@ -1234,7 +1415,8 @@ def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config
 
 def cmd_watch(args: argparse.Namespace) -> int:
     root = ROOT
-    config = watched(root, watch_config(root, args))
+    base = watch_config(root, args)
+    config = watched(root, base)
     if not config.uplinks:
         print(f"no uplinks configured (UPLINKS in {root / DEFAULTS_FILE}): nothing to watch")
         return EXIT_OK
@@ -1266,37 +1448,49 @@ def cmd_watch(args: argparse.Namespace) -> int:
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
     print(f"watching for {' '.join(config.uplinks)}", flush=True)
     try:
-        watch_loop(root, args, config, monitor, rtnl, stop, reload)
+        watch_loop(root, args, base, monitor, rtnl, stop, reload)
     finally:
         if rtnl is not None:
             rtnl.close()
     return EXIT_OK
 
 
-def watch_loop(root, args, config, monitor, rtnl, stop, reload) -> None:
+def watch_loop(root, args, base, monitor, rtnl, stop, reload) -> None:
     """uevents for new and renamed interfaces; rtnetlink events (and a periodic look) for
-    uplinks whose accept_ra something lowered."""
+    uplinks whose accept_ra something lowered.
+
+    base is the configuration file's; the drop-in's uplinks and held uplinks are read
+    again at each event, so that an 'enable' or 'disable' meanwhile holds at once.
+    """
     next_recheck = time.monotonic() + RECHECK_SECONDS
     while not stop:
         if reload:
             reload.clear()
-            config = watched(root, reload_watch(root, args, config))
+            base = reload_watch(root, args, base)
             continue
         if rtnl is not None:
             ready = select.select([monitor, rtnl], [], [], 1.0)[0]
         else:  # tests: a stand-in monitor without a file descriptor
             ready = [monitor]
         indexes = drain_netlink(rtnl) if rtnl is not None and rtnl in ready else set()
+        if time.monotonic() >= next_recheck:
+            indexes.add(ALL)
+            next_recheck = time.monotonic() + RECHECK_SECONDS
+        if not indexes and monitor not in ready:
+            continue
+        config = watched(root, base)
         if monitor in ready:
             while True:
                 device = monitor.poll(timeout=0)
                 if device is None:
                     break
-                if device.action in ("add", "move") and matches(config.uplinks, device.sys_name):
-                    configure_new(root, device.sys_name, args.dry_run)
-        if time.monotonic() >= next_recheck:
-            indexes.add(ALL)
-            next_recheck = time.monotonic() + RECHECK_SECONDS
+                name = device.sys_name
+                if (
+                    device.action in ("add", "move")
+                    and matches(config.uplinks, name)
+                    and name not in config.held
+                ):
+                    configure_new(root, name, args.dry_run)
         if indexes:
             try:
                 recheck(root, config, indexes, args.dry_run)

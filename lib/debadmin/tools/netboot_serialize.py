@@ -7,6 +7,7 @@ import filecmp
 import hashlib
 import logging
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -33,6 +34,8 @@ CONSOLE = re.compile(
 # The default console per architecture (the debian-installer/ARCH directory name).
 DEFAULT_CONSOLE = {"arm64": "ttyAMA0,115200n8"}
 X86_CONSOLE = "ttyS0,115200n8"
+# Where GRUB's 'serial --unit=N' has ports to drive (see edit_grub).
+SERIAL_UNIT_ARCHES = ("amd64", "i386")
 BAUDS = (1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200)
 MARKER = "# netboot-serialize:"
 # The note of a menu file that differs in its settings comment only.
@@ -88,11 +91,16 @@ class Settings:
             return words[:cut], words[cut + 1 :]
         return words, []
 
-    def marker(self) -> str:
-        return (
+    def marker(self, full: bool = False) -> str:
+        """The settings comment; full (syslinux.cfg, grub.cfg) adds the timeout choices,
+        which a rerun keeps, so that a new timeout rewrites only the files it touches."""
+        text = (
             f"{MARKER} console={self.console} also-vga={'yes' if self.also_vga else 'no'}"
             f" extra-args={shlex.quote(self.extra_args)}"
         )
+        if full:
+            text += f" timeout={self.timeout or 0} default={self.default or 'install'}"
+        return text
 
 
 def parse_console(spec: str) -> Tuple[str, int]:
@@ -136,7 +144,21 @@ def parse_marker(line: str) -> Optional[Settings]:
         device, baud = parse_console(fields.get("console", ""))
     except (ValueError, Error):
         return None
-    return Settings(device, baud, fields.get("also-vga") == "yes", fields.get("extra-args", ""))
+    timeout: Optional[int] = None
+    if (
+        re.fullmatch(r"[0-9]{1,4}", fields.get("timeout", ""))
+        and 0 < int(fields["timeout"]) < 3600
+    ):
+        timeout = int(fields["timeout"])
+    default = fields.get("default") if timeout and fields.get("default") in ENTRIES else None
+    return Settings(
+        device,
+        baud,
+        fields.get("also-vga") == "yes",
+        fields.get("extra-args", ""),
+        timeout,
+        None if default == "install" else default,
+    )
 
 
 # --- kernel command lines --------------------------------------------------------------------
@@ -339,7 +361,7 @@ def edit_syslinux_top(
     eol = _eol(lines[0]) if lines else "\n"
     insert = [f"serial {new.port} {new.baud}{eol}"]
     if name == "syslinux.cfg":
-        insert.insert(0, new.marker() + eol)
+        insert.insert(0, new.marker(full=True) + eol)
     lines[at:at] = insert
     result = _join_lines(lines)
     if result != data:
@@ -375,7 +397,7 @@ def grub_entries(data: bytes) -> List[str]:
     return titles
 
 
-def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
+def edit_grub(data: bytes, new: Settings, arch: str = "amd64") -> Tuple[bytes, List[str]]:
     """grub.cfg: a serial terminal after the gfxterm block, every 'linux' line serialized."""
     lines = _split_lines(data)
     old = None
@@ -402,20 +424,24 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
         if re.match(r"^\s*if\s+loadfont\b", line):
             at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"), 0)
             break
-    unit = new.port
+    # 'serial --unit=N' names GRUB's port comN, which only x86 builds of GRUB have (its
+    # ns8250 driver probes the PC's I/O ports); on arm64 and riscv64 EFI GRUB knows the
+    # firmware's serial I/O protocol (efi0) alone, and that is the firmware console's line.
+    unit = new.port if arch in SERIAL_UNIT_ARCHES else None
     if unit is not None:
         block = [
-            new.marker(),
+            new.marker(full=True),
             f"serial --unit={unit} --speed={new.baud} --word=8 --parity=no --stop=1",
             "terminal_input serial console",
             "terminal_output serial console",
         ]
         what = f"serial terminal on unit {unit} at {new.baud} baud"
     else:
-        # GRUB's serial command drives 8250 ports (and EFI serial I/O devices by their
-        # firmware names); a PL011 or hypervisor console is the UEFI console itself on
-        # arm64 servers and AAVMF, so the menu goes to the firmware console.
-        block = [new.marker(), "terminal_input console", "terminal_output console"]
+        # A PL011, hypervisor console or (off x86) any serial line is the UEFI console
+        # itself on arm64 servers, AAVMF and riscv64 firmware (EDK2, U-Boot's EFI), which
+        # SPCR or the device tree points at: the menu goes to the firmware console.
+        # 'terminal_output serial console' with efi0 would print every line twice.
+        block = [new.marker(full=True), "terminal_input console", "terminal_output console"]
         what = f"firmware console for {new.device}"
     if new.timeout:
         title = ENTRIES[new.default or "install"][1]
@@ -436,6 +462,60 @@ def edit_grub(data: bytes, new: Settings) -> Tuple[bytes, List[str]]:
     return result, notes
 
 
+# --- what an earlier run chose ------------------------------------------------------------
+
+
+def recorded_settings(files: Dict[str, bytes], layout: "Layout") -> Optional[Settings]:
+    """The settings an earlier run wrote into this tree (grub.cfg's, else syslinux.cfg's
+    settings comment), with the timeout choices; None for a tree never serialized."""
+    sources = [layout.grub, layout.arch_dir + "/boot-screens/syslinux.cfg"]
+    for name in sources:
+        lines = _split_lines(files.get(name or "", b""))
+        at = next((i for i, ln in enumerate(lines) if parse_marker(ln)), None)
+        if at is None:
+            continue
+        found = parse_marker(lines[at])
+        if found is None or " timeout=" in lines[at]:
+            return found
+        # Written before the marker held the timeout: read what the run wrote.
+        timeout: Optional[int] = None
+        default: Optional[str] = None
+        if name == layout.grub:
+            for line in lines[at:]:
+                if line.strip() == GRUB_END:
+                    break
+                match = re.fullmatch(r"\s*set timeout=([0-9]+)\s*", line)
+                if match:
+                    timeout = int(match.group(1)) or None
+                match = re.fullmatch(r'\s*set default="([^"]*)"\s*', line)
+                if match:
+                    default = next((k for k, v in ENTRIES.items() if v[1] == match.group(1)), None)
+        else:
+            ontimeout = ""
+            for line in lines:
+                _, keyword, rest = _directive(line)
+                if keyword.lower() == "timeout" and rest.strip().isdigit():
+                    timeout = (int(rest.strip()) + 9) // 10 or None
+                elif keyword.lower() == "ontimeout":
+                    ontimeout = rest.strip()
+            menu = labels({n: files[n] for n in layout.configs if n in files})
+            default = next(
+                (k for k, v in ENTRIES.items() if " ".join(menu.get(v[0], ("", ""))) == ontimeout),
+                None,
+            )
+        if not timeout or not 1 <= timeout <= 3599:
+            timeout, default = None, None
+        return Settings(
+            found.device,
+            found.baud,
+            found.also_vga,
+            found.extra_args,
+            timeout,
+            None if default == "install" else default,
+        )
+    return None
+
+
 # --- trees ---------------------------------------------------------------------------------
 
 
@@ -452,7 +532,92 @@ class Layout:
         return name in self.configs or name == self.grub or name == self.version
 
 
-def find_layout(names: List[str]) -> Layout:
+# What boots each architecture's installer when its netboot tree has no boot menu of its
+# own, and so where its serial console is set instead.
+NO_MENU = {
+    "armhf": "U-Boot boots it with tftpboot.scr, which passes U-Boot's 'console' variable "
+    "to the kernel: set that in U-Boot (setenv console ttyS0,115200n8; saveenv)",
+    "armel": "U-Boot boots it, passing its 'console' variable (or the bootargs you set) "
+    "to the kernel: set console=DEVICE,BAUD there",
+    "ppc64el": "petitboot or your own pxelinux-style configuration boots vmlinux and "
+    "initrd.gz: put console=hvc0 (PowerVM, KVM) or console=ttyS0,115200n8 on its "
+    "append line",
+}
+NO_MENU_OTHER = (
+    "the firmware's loader (U-Boot, PMON, CFE) boots its kernel: put console=DEVICE,BAUD "
+    "on the command line you give it"
+)
+
+
+def not_a_tree(names: List[str]) -> str:
+    """Why names are not one installer netboot tree, saying what to give instead."""
+    menus = sorted(
+        {
+            m.group(1)
+            for m in (
+                re.fullmatch(
+                    r"(.+)/debian-installer/[a-z0-9]+/(?:boot-screens/syslinux|grub/grub)\.cfg",
+                    n,
+                )
+                for n in names
+            )
+            if m
+        }
+    )
+    if menus:
+        where = " and ".join(f"{p}/" for p in menus)
+        return (
+            f"the netboot {'trees are' if len(menus) > 1 else 'tree is'} in {where} below "
+            f"SOURCE, not at its top: give {' or '.join(f'SOURCE/{p}' for p in menus)}"
+        )
+    bare = sorted(
+        {
+            m.group(1)
+            for m in (
+                re.fullmatch(
+                    r"(?:.+/)?debian-installer/([a-z0-9]+)/(?:initrd\.gz|.*/initrd\.gz)", n
+                )
+                for n in names
+            )
+            if m
+        }
+    )
+    if bare:
+        arch = bare[0]
+        return (
+            f"the {', '.join(bare)} netboot tree has no boot menu (no syslinux or GRUB "
+            f"configuration), so there is nothing here to serialize: "
+            + NO_MENU.get(arch, NO_MENU_OTHER)
+        )
+    kernels = sorted(
+        {
+            posixpath.dirname(n) or "."
+            for n in names
+            if re.fullmatch(r"(?:.+/)?initrd[^/]*", n)
+            and any(
+                re.fullmatch(
+                    re.escape(posixpath.dirname(n)) + r"/?(?:vmlinu[xz]|uImage|linux)[^/]*", k
+                )
+                for k in names
+            )
+        }
+    )
+    if kernels:
+        more = f" and {len(kernels) - 1} more" if len(kernels) > 1 else ""
+        where = "at the top" if kernels[0] == "." else f"{kernels[0]}/"
+        return (
+            f"a kernel and initrd for a firmware loader ({where}{more}) but no boot "
+            "menu (no syslinux or GRUB configuration), so there is nothing here to "
+            "serialize (Debian's armel and mips netboot packages): " + NO_MENU_OTHER
+        )
+    return (
+        "not a Debian installer netboot tree: expected "
+        "debian-installer/ARCH/boot-screens/syslinux.cfg (BIOS) or "
+        "debian-installer/ARCH/grub/grub.cfg (UEFI)"
+    )
+
+
+def find_layout(names: List[str], quiet: bool = False) -> Layout:
     """Recognise an installer netboot tree from its relative file names."""
     arch_dirs = sorted(
         {
@@ -474,11 +639,7 @@ def find_layout(names: List[str]) -> Layout:
             "merge them"
         )
     if not arch_dirs:
-        raise Error(
-            "not a Debian installer netboot tree: expected "
-            "debian-installer/ARCH/boot-screens/syslinux.cfg (BIOS) or "
-            "debian-installer/ARCH/grub/grub.cfg (UEFI)"
-        )
+        raise Error(not_a_tree(names))
     arch = arch_dirs[0]
     if f"{arch}/boot-screens/syslinux.cfg" in names and "pxelinux.0" not in names:
         raise Error("not a Debian installer netboot tree: syslinux menus but no pxelinux.0")
@@ -486,7 +647,7 @@ def find_layout(names: List[str]) -> Layout:
         n for n in names if re.fullmatch(re.escape(arch) + r"/boot-screens/[^/]+\.cfg", n)
     )
     grub = f"{arch}/grub/grub.cfg" if f"{arch}/grub/grub.cfg" in names else None
-    if grub is None:
+    if grub is None and not quiet:
         log.warning("%s has no grub/grub.cfg: UEFI clients stay on their VGA console", arch)
     return Layout(arch, configs, grub, "version.info" if "version.info" in names else None)
 
@@ -529,7 +690,7 @@ def serialize(files: Dict[str, bytes], layout: Layout, new: Settings) -> List[Ch
         if name in files:
             result[name] = edit_syslinux_top(files[name], new, base, menu)
     if layout.grub:
-        result[layout.grub] = edit_grub(files[layout.grub], new)
+        result[layout.grub] = edit_grub(files[layout.grub], new, layout.arch_dir.split("/")[-1])
     return [
         Change(name, notes, files[name], data)
         for name, (data, notes) in sorted(result.items())
@@ -769,6 +930,8 @@ class Report:
     mode: str = "apply"
     written: bool = False
     warnings: List[dict] = field(default_factory=list)
+    kept: List[str] = field(default_factory=list)
+    kept_from: Optional[str] = None
 
     def findings(self) -> List[dict]:
         """The shared shape: each file not serialized as asked (action under --check,
@@ -811,6 +974,7 @@ class Report:
             "extra_args": self.settings.extra_args,
             "timeout": self.settings.timeout,
             "default": self.settings.default,
+            "kept": self.kept,
             "serialized": not self.changes,
             "changes": [{"path": c.path, "what": c.notes} for c in self.changes],
             "findings": self.findings(),
@@ -821,23 +985,63 @@ class Report:
         return document
 
 
-def settings_from(args: argparse.Namespace, arch: str = "amd64") -> Settings:
-    spec = args.console if args.console is not None else DEFAULT_CONSOLE.get(arch, X86_CONSOLE)
+def settings_from(
+    args: argparse.Namespace, arch: str = "amd64", recorded: Optional[Settings] = None
+) -> Settings:
+    """The settings of this run: the options given, and for those not given the choices
+    recorded by an earlier run (recorded), else the defaults."""
+    return _merge(args, arch, recorded)[0]
+
+
+def _merge(
+    args: argparse.Namespace, arch: str, recorded: Optional[Settings]
+) -> Tuple[Settings, List[str]]:
+    """(settings, names of the choices kept from recorded)."""
+    kept: List[str] = []
+    if args.console is not None:
+        spec = args.console
+    elif recorded is not None:
+        spec = recorded.console
+        kept.append("console")
+    else:
+        spec = DEFAULT_CONSOLE.get(arch, X86_CONSOLE)
     device, baud = parse_console(spec)
-    if args.timeout is not None and not 1 <= args.timeout <= 3599:
-        raise Error("--timeout must be between 1 and 3599 seconds")
+    if args.timeout is not None and not 0 <= args.timeout <= 3599:
+        raise Error("--timeout must be between 1 and 3599 seconds (0: wait for a key)")
     if args.default is not None and args.default not in ENTRIES:
         raise Error(f"--default {args.default!r}: choose one of {', '.join(ENTRIES)}")
-    if args.default and args.timeout is None:
+    also_vga = args.also_vga
+    if also_vga is None:
+        also_vga = bool(recorded and recorded.also_vga)
+        if recorded is not None and recorded.also_vga:
+            kept.append("also_vga")
+    extra_args = args.extra_args
+    if extra_args is None:
+        extra_args = recorded.extra_args if recorded else ""
+        if recorded is not None and recorded.extra_args:
+            kept.append("extra_args")
+    timeout = args.timeout or None
+    if args.timeout is None and recorded is not None and recorded.timeout:
+        timeout = recorded.timeout
+        kept.append("timeout")
+    default = args.default
+    if default and timeout is None:
         raise Error("--default needs --timeout: it names the entry booted when it expires")
-    return Settings(
-        device,
-        baud,
-        args.also_vga,
-        parse_extra_args(args.extra_args or ""),
-        args.timeout,
-        args.default,
-    )
+    if default is None and timeout and args.timeout is None and recorded is not None:
+        default = recorded.default
+        if default:
+            kept.append("default")
+    settings = Settings(device, baud, also_vga, parse_extra_args(extra_args), timeout, default)
+    return settings, kept
+
+
+KEPT_OPTION = {
+    "console": lambda s: f"--console {s.console}",
+    "also_vga": lambda s: "--also-vga",
+    "extra_args": lambda s: f"--extra-args {shlex.quote(s.extra_args)}",
+    "timeout": lambda s: f"--timeout {s.timeout}",
+    "default": lambda s: f"--default {s.default}",
+}
 
 
 def kind_of(path: Path) -> str:
@@ -876,8 +1080,16 @@ def new_names(source: Path, source_kind: str, members: List[tarball.Member]) -> 
     return names
 
 
-def check_output(source: Path, source_kind: str, dest: Path, names: Set[str]) -> str:
-    """Refuse a DEST that would lose data; return its kind, tree or tarball."""
+def check_output(
+    source: Path, source_kind: str, dest: Path, names: Set[str], arch_dir: str = ""
+) -> str:
+    """Refuse a DEST that would lose data; return its kind, tree or tarball.
+
+    An existing tree may be replaced when all it holds is in the new tree, except below
+    the installer's own directory (arch_dir, debian-installer/ARCH) when the old tree is
+    an installer tree of the same architecture: that directory is the installer's, and a
+    newer release drops files from it (trixie's GRUB has no linuxefi.mod).
+    """
     if tarball.is_unsupported_tarball_name(dest):
         raise Error(
             f"--output {dest}: tarballs are written as .tar.gz, .tgz, .tar.xz, .txz, "
@@ -899,7 +1111,15 @@ def check_output(source: Path, source_kind: str, dest: Path, names: Set[str]) ->
         raise Error(f"--output {dest}: {dest.parent} is not a directory")
     if dest_kind == "tree" and is_tree:
         # The old directory is replaced whole: only when all it holds is in the new tree.
-        foreign = sorted(set(tree_names(dest)) - names)
+        old_names = tree_names(dest)
+        foreign = sorted(set(old_names) - names)
+        if foreign and arch_dir:
+            try:
+                same = find_layout(old_names, quiet=True).arch_dir == arch_dir
+            except Error:
+                same = False
+            if same:
+                foreign = [n for n in foreign if not n.startswith(arch_dir + "/")]
         if foreign:
             more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
             raise Error(
@@ -947,7 +1167,10 @@ def posixpath_name(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings_from(args)  # bad options are refused before the source is read
+    # Bad options are refused before the source is read.
+    if args.console is not None:
+        parse_console(args.console)
+    _merge(args, "amd64", Settings("ttyS0", 115200, timeout=1))
     source = Path(args.source)
     source_kind = kind_of(source)
     if args.sha256sums is not None:
@@ -964,14 +1187,24 @@ def run(args: argparse.Namespace) -> int:
         layout, files = read_tree(source)
     else:
         layout, files, members = read_tarball(source)
-    new = settings_from(args, layout.arch_dir.split("/")[-1])
     dest = output_path(args.output)
     if dest is not None and dest.resolve() == source.resolve():
         dest = None
+    recorded = recorded_settings(files, layout)
+    recorded_in = str(source)
+    if recorded is None and dest is not None and dest.is_dir() and not dest.is_symlink():
+        # A newer download into a TFTP root serialized before keeps the root's choices.
+        try:
+            dest_layout, dest_files = read_tree(dest)
+            recorded = recorded_settings(dest_files, dest_layout)
+            recorded_in = str(dest)
+        except Error:
+            recorded = None
+    new, kept = _merge(args, layout.arch_dir.split("/")[-1], recorded)
     dest_kind = None
     if dest is not None:
         dest_kind = check_output(
-            source, source_kind, dest, new_names(source, source_kind, members)
+            source, source_kind, dest, new_names(source, source_kind, members), layout.arch_dir
         )
     changes = serialize(files, layout, new)
     mode = "check" if args.check else "dry-run" if args.dry_run else "apply"
@@ -984,6 +1217,8 @@ def run(args: argparse.Namespace) -> int:
         new,
         changes,
         mode,
+        kept=[KEPT_OPTION[k](new) for k in kept],
+        kept_from=recorded_in if kept else None,
     )
     if layout.grub is None:
         report.warnings.append(
@@ -1094,6 +1329,8 @@ def print_report(report: Report) -> None:
         f"(Debian {version['debian_version'] or 'unknown version'})"
     )
     target = report.output or report.source
+    if report.kept:
+        print(f"kept from the earlier run in {report.kept_from}: {' '.join(report.kept)}")
     if report.mode == "check":
         if not report.changes:
             print(f"ok: {report.source} is serialized for {report.settings.console}")
@@ -1148,7 +1385,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a baud rate (default: ttyS0,115200n8; ttyAMA0,115200n8 for arm64)",
     )
     parser.add_argument(
-        "--also-vga", action="store_true", help="keep a VGA console too (vga=788 and console=tty0)"
+        "--also-vga",
+        action=argparse.BooleanOptionalAction,
+        help="keep a VGA console too (vga=788 and console=tty0); --no-also-vga drops it",
     )
     parser.add_argument(
         "--extra-args",
@@ -1160,7 +1399,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=int,
         metavar="SECONDS",
-        help="boot the default entry after SECONDS (default: wait forever)",
+        help="boot the default entry after SECONDS (0 or default: wait for a key)",
     )
     parser.add_argument(
         "--default",

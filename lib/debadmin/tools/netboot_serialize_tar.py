@@ -40,6 +40,9 @@ SUFFIXES = (
     (".tar", "plain"),
 )
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"))
+# Compressions Python's tarfile cannot read on bookworm and trixie (zstd arrives in 3.14).
+UNSUPPORTED_MAGIC = ((b"\x28\xb5\x2f\xfd", "zstd"), (b"\x04\x22\x4d\x18", "lz4"))
+UNPACK = {"zstd": "tar --zstd -xf FILE -C DIR", "lz4": "lz4 -dc FILE | tar -xf - -C DIR"}
 READ_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
 CHUNK = 1 << 16  # compressed bytes read at a time
 # The end-of-archive marker: two zero blocks (GNU tar accepts one with a warning).
@@ -355,6 +358,12 @@ def detect_compression(path: Path) -> str:
             head = handle.read(8)
     except OSError as exc:
         raise Error(f"cannot read tarball {path}: {exc.strerror}") from None
+    for magic, name in UNSUPPORTED_MAGIC:
+        if head.startswith(magic):
+            raise Error(
+                f"cannot read tarball {path}: it is {name}-compressed, which this tool does "
+                f"not read; unpack it first ({UNPACK[name]}) and give the directory"
+            )
     return next((kind for magic, kind in MAGIC if head.startswith(magic)), "plain")
 
 
@@ -526,14 +535,21 @@ def rewrite(
 ) -> None:
     """Copy the validated members of the tarball at path into out, with replaced contents.
 
-    Member order and metadata stay, so the same input gives the same bytes.
+    Member order and metadata stay, so the same input gives the same bytes.  A pax global
+    header (git archive's commit id, for one) stays too: the copy is then written in pax
+    format, which carries it, and each member's own pax records with it.
     """
     by_name = {m.info.name: m for m in members}
     seen = 0
     try:
         with open_tarball(path) as (src, source), compressed(
             out, compression
-        ) as stream, tarfile.open(fileobj=stream, mode="w", format=tarfile.GNU_FORMAT) as dst:
+        ) as stream, tarfile.open(
+            fileobj=stream,
+            mode="w",
+            format=tarfile.PAX_FORMAT if src.pax_headers else tarfile.GNU_FORMAT,
+            pax_headers=dict(src.pax_headers),
+        ) as dst:
             for info in src:
                 member = by_name.get(info.name)
                 if member is None:
