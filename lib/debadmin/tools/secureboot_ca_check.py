@@ -991,8 +991,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fix",
         action="store_true",
-        help="add the missing 2023 Microsoft CAs to the --varstore files (or, with "
-        "--libvirt, to the NVRAM of every shut-off VM); keeps a backup beside each",
+        help="add the missing 2023 Microsoft CAs: to this machine's firmware through "
+        "efivarfs with Microsoft's signed updates (verified first); to the --varstore files "
+        "(or, with --libvirt, the NVRAM of every shut-off VM), keeping a backup beside each; "
+        "with --efivars DIR and --dry-run, plan from a dump",
     )
     parser.add_argument(
         "--cert",
@@ -1001,7 +1003,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --fix: a 2023 Microsoft CA certificate (DER or PEM) to add; repeatable",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="with --fix: list what would be added"
+        "--dry-run",
+        action="store_true",
+        help="with --fix: list what would be added (and verify every signed update)",
+    )
+    parser.add_argument(
+        "--payloads",
+        metavar="DIR",
+        help="root of a checkout of microsoft/secureboot_objects to use instead of the "
+        "copy this package ships (/usr/share/secureboot-ca-check/secureboot_objects)",
+    )
+    parser.add_argument(
+        "--i-have-recovery-keys",
+        action="store_true",
+        help="with --fix on this machine: write even though LUKS or BitLocker keys are "
+        "sealed to PCR 7 (they will ask for their recovery keys at the next boot)",
     )
     parser.add_argument(
         "--libvirt",
@@ -1019,18 +1035,29 @@ def dispatch(args: argparse.Namespace) -> int:
             "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
             "or --textfile-dir with it"
         )
-    if (args.cert or args.dry_run) and not args.fix:
-        raise Error("--cert and --dry-run go with --fix")
-    if args.fix and not (args.varstore or args.libvirt):
-        raise Error("--fix needs --varstore FILE or --libvirt")
-    if args.fix and (args.efivars or args.shim or args.textfile_dir):
-        raise Error("--fix changes NVRAM files only: no --efivars, --shim or --textfile-dir")
+    if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
+        raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
+    if args.fix and (args.shim or args.textfile_dir):
+        raise Error("--fix changes variables: no --shim or --textfile-dir")
+    if args.fix and args.efivars and (args.varstore or args.libvirt):
+        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    firmware = args.fix and not (args.varstore or args.libvirt)
+    if args.cert and firmware:
+        raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
+    if args.i_have_recovery_keys and not firmware:
+        raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
     if not (args.libvirt or args.fix):
         return cmd_check(args)
     # Imported here: secureboot_ca_check_libvirt imports this module.
-    from debadmin.tools import secureboot_ca_check_fix, secureboot_ca_check_libvirt
+    from debadmin.tools import (
+        secureboot_ca_check_efivarfs,
+        secureboot_ca_check_fix,
+        secureboot_ca_check_libvirt,
+    )
 
     command = secureboot_ca_check_libvirt.cmd_libvirt if args.libvirt else None
+    if firmware:
+        command = secureboot_ca_check_efivarfs.cmd_fix_firmware
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CryptographyDeprecationWarning)

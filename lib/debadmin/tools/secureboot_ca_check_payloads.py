@@ -316,8 +316,9 @@ class Objects:
         return efi.read_bounded(self.root / CERTIFICATE_FILES[ca], MAX_PAYLOAD, "a certificate")
 
 
-def load_objects(directory: Optional[str]) -> Objects:
-    root = Path(directory) if directory else DEFAULT_DIR
+def load_objects(directory: Optional[str], system: Path = Path("/")) -> Objects:
+    """--payloads DIR, else the copy this package installs (under the --root)."""
+    root = Path(directory) if directory else system / str(DEFAULT_DIR).lstrip("/")
     map_path = root / POST / "KEK" / "kek_update_map.json"
     if not (root / POST).is_dir():
         raise Error(
