@@ -180,9 +180,9 @@ def lookup_kek_update(objects: payloads.Objects, pk_certs: List[x509.Certificate
     """(the JSON of the look-up, the payload or None) for the machine's PK."""
     found = {"published": False, "payload": None, "sha256": None, "reason": None}
     if len(pk_certs) != 1:
-        found["reason"] = (
-            "the PK is not one usable X.509 certificate: no KEK update can be matched to it"
-        )
+        found[
+            "reason"
+        ] = "the PK is not one usable X.509 certificate: no KEK update can be matched to it"
         return found, None
     sha1 = efi.fingerprint(pk_certs[0], "sha1")
     rel = objects.kek_update_for(sha1)
@@ -387,9 +387,7 @@ def apply(directory: Path, result: dict) -> bool:
             step["status"] = "unknown"
             step["error"] = f"cannot read it back: {exc.strerror}"
             return False
-        held = {
-            efi.fingerprint(c) for c in certs_of(efi.Variable(payload.variable, guid, 0, now))
-        }
+        held = {efi.fingerprint(c) for c in certs_of(efi.Variable(payload.variable, guid, 0, now))}
         if all(payloads.FINGERPRINTS[ca] in held for ca in step["adds"]):
             step["status"] = "applied"
         else:

@@ -56,8 +56,12 @@ APPEND_ATTRIBUTES = efi.ATTR_AUTHENTICATED_DB | efi.ATTR_APPEND  # 0x67
 VARIABLE_GUIDS = {"KEK": efi.GLOBAL_GUID, "db": efi.IMAGE_SECURITY_GUID}
 MAX_PAYLOAD = 1 << 20
 MAX_CHAIN = 8
-HASHES = {"sha1": hashes.SHA1, "sha256": hashes.SHA256, "sha384": hashes.SHA384,
-          "sha512": hashes.SHA512}
+HASHES = {
+    "sha1": hashes.SHA1,
+    "sha256": hashes.SHA256,
+    "sha384": hashes.SHA384,
+    "sha512": hashes.SHA512,
+}
 
 
 # --- the file format ----------------------------------------------------------------------
@@ -241,11 +245,7 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
         issuer = sid.chosen["issuer"].dump()
         serial = sid.chosen["serial_number"].native
         signer = next(
-            (
-                c
-                for c in pool
-                if c.serial_number == serial and c.issuer.public_bytes() == issuer
-            ),
+            (c for c in pool if c.serial_number == serial and c.issuer.public_bytes() == issuer),
             None,
         )
         if signer is None:
@@ -359,8 +359,12 @@ def verify_tree(root: Path) -> dict:
             fatal = True
     anchor = kek_ca_2011(objects)
     if anchor is None:
-        return {"fatal": True, "problems": problems + ["no KEK CA 2011 in DBUpdate3P2023.bin"],
-                "summary": "", "kek": {}}
+        return {
+            "fatal": True,
+            "problems": problems + ["no KEK CA 2011 in DBUpdate3P2023.bin"],
+            "summary": "",
+            "kek": {},
+        }
     db_ok = 0
     for arch in ARCHES:
         for name, ca in DB_UPDATES.items():
