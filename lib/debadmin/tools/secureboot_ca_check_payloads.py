@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from asn1crypto import cms
+from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
@@ -169,6 +170,43 @@ def verify_signature(key, signature: bytes, message: bytes, digest: str) -> bool
     return True
 
 
+# The extensions OpenSSL 3 handles (X509_supported_extension): a critical one of any other
+# kind fails the chain ("unhandled critical extension"), and edk2 does not set
+# X509_V_FLAG_IGNORE_CRITICAL.
+SUPPORTED_EXTENSIONS = {
+    "2.16.840.1.113730.1.1",  # netscape cert type
+    "2.5.29.15",  # key usage
+    "2.5.29.17",  # subject alternative name
+    "2.5.29.19",  # basic constraints
+    "2.5.29.32",  # certificate policies
+    "2.5.29.31",  # CRL distribution points
+    "2.5.29.37",  # extended key usage
+    "1.3.6.1.5.5.7.1.7",  # IP address blocks
+    "1.3.6.1.5.5.7.1.8",  # AS identifiers
+    "1.3.6.1.5.5.7.48.1.5",  # OCSP no check
+    "2.5.29.36",  # policy constraints
+    "1.3.6.1.5.5.7.1.14",  # proxy certificate info
+    "2.5.29.30",  # name constraints
+    "2.5.29.33",  # policy mappings
+    "2.5.29.54",  # inhibit any policy
+}
+
+
+def unhandled_critical(cert: x509.Certificate) -> Optional[str]:
+    """The first critical extension OpenSSL does not handle (read with asn1crypto: the
+    X.509 library refuses certificates with duplicate extensions, which OpenSSL reads)."""
+    try:
+        tbs = asn1_x509.Certificate.load(efi.der(cert))["tbs_certificate"]
+        extensions = tbs["extensions"] or []
+        for extension in extensions:
+            oid = extension["extn_id"].dotted
+            if extension["critical"].native and oid not in SUPPORTED_EXTENSIONS:
+                return oid
+    except Exception as exc:
+        return f"unreadable extensions ({exc.__class__.__name__})"
+    return None
+
+
 def may_issue(cert: x509.Certificate) -> bool:
     """OpenSSL's check of a non-leaf chain member (purpose any, not strict): not a
     basicConstraints CA:FALSE, and a keyUsage, if any, allows certificate signing."""
@@ -226,8 +264,8 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
         sd = signed_data(p7)
     except Exception as exc:
         return Verdict(False, f"malformed PKCS#7 ({exc.__class__.__name__}: {exc})")
-    if sd["encap_content_info"]["content"].native is not None:
-        return Verdict(False, "the PKCS#7 carries its own content (OpenSSL: content and data)")
+    # Content inside the PKCS#7 is not an error: without PKCS7_NO_DUAL_CONTENT (edk2 does
+    # not pass it) OpenSSL digests the data passed in and ignores it.
     pool = []
     for choice in sd["certificates"] or []:
         if choice.name == "certificate":
@@ -268,6 +306,14 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
             return Verdict(
                 False, f"the signer ({efi.short_name(signer)}) does not chain to the trusted key"
             )
+        for cert in chain:
+            critical = unhandled_critical(cert)
+            if critical:
+                return Verdict(
+                    False,
+                    f"{efi.short_name(cert)} has a critical extension OpenSSL does not handle "
+                    f"({critical}): edk2's chain check refuses it",
+                )
         names = [efi.short_name(c) for c in chain]
     return Verdict(True, "", names)
 
