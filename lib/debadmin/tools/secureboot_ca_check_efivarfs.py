@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import struct
+import sys
 import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -465,7 +466,7 @@ def cmd_fix_firmware(args) -> int:
         )
         if not args.dry_run:
             raise Error(message + ": nothing written")
-        log.warning("%s", message)
+        print(f"secureboot-ca-check: warning: {message}", file=sys.stderr)
     status = 0
     if result["steps"] and not args.dry_run:
         ok = apply(directory, result)
@@ -487,10 +488,10 @@ def cmd_fix_firmware(args) -> int:
     if status == 2:
         failed = next(s for s in result["steps"] if s["error"])
         applied = [s["payload"] for s in result["steps"] if s["status"] == "applied"]
-        log.error(
-            "%s: %s; applied before it: %s",
-            failed["payload"],
-            failed["error"],
-            ", ".join(applied) or "nothing",
+        how = "refused by the firmware" if failed["status"] == "refused" else failed["status"]
+        print(
+            f"secureboot-ca-check: error: {failed['payload']}: {how}: {failed['error']}; "
+            f"applied before it: {', '.join(applied) or 'nothing'}",
+            file=sys.stderr,
         )
     return status
