@@ -24,6 +24,7 @@ SAME_VERSION = "(= ${binary:Version})"
 PACKAGE_OF_MODULE = {
     "apt_pkg": "python3-apt",
     "apt": "python3-apt",
+    "asn1crypto": "python3-asn1crypto",
     "cryptography": "python3-cryptography",
     "pyudev": "python3-pyudev",
     "posix1e": "python3-pylibacl",

@@ -28,6 +28,11 @@ from debadmin.tools import secureboot_ca_check_efi as efi
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
 REAL = DATA / "real"
+# Microsoft's objects: the source tree's copy, else (a copy of the tests run against the
+# installed package) the package's.
+PAYLOADS = Path(__file__).resolve().parents[2] / "data" / "secureboot_objects"
+if not PAYLOADS.is_dir():
+    PAYLOADS = Path("/usr/share/secureboot-ca-check/secureboot_objects")
 OVMF = Path("/usr/share/OVMF")
 SHIM = Path("/usr/lib/shim/shimx64.efi.signed")
 needs_ovmf = pytest.mark.skipif(
@@ -971,7 +976,7 @@ def test_metric_families_are_grouped(tmp_path, capsys):
         name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
         if not families or families[-1] != name:
             families.append(name)
-    assert len(families) == len(set(families)) == 5, families
+    assert len(families) == len(set(families)) == 7, families
     samples = [line for line in lines if line.startswith("secureboot_ca_check_ca_present{")]
     assert len(samples) == 2 * len(sbc.KNOWN_CAS)
 
@@ -1162,6 +1167,7 @@ def test_json_fields_are_stable(tmp_path, capsys):
         "microsoft_cas",
         "shims",
         "fwupd",
+        "offline_fix",
         "microsoft_managed",
         "findings",
         "next_steps",
@@ -1908,8 +1914,14 @@ def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
     assert rc == 1 and doc["reports"][0]["shims"][0]["signatures"]
     (tmp_path / "empty").mkdir()
     rc, no_uefi = run_json(capsys, "--root", str(tmp_path / "empty"))
+    # And --fix on firmware, planned from the same dump with the shipped objects.
+    rc, fixdoc = run_json(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(PAYLOADS)
+    )
+    assert rc in (0, 1) and "fix" in fixdoc
+    fixdoc["fix"]["measured_boot"] = [{"kind": "bitlocker", "device": "/dev/x", "detail": "x"}]
     documented = man_json_words()
-    keys = json_keys(doc) | json_keys(no_uefi)
+    keys = json_keys(doc) | json_keys(no_uefi) | json_keys(fixdoc)
     codes = {f["code"] for d in (doc, no_uefi) for f in d["findings"]}
     assert {"pem-entry", "unreadable", "lookalike", "test-key", "shim-not-accepted"} <= codes
     assert keys - documented == set()
@@ -1917,7 +1929,14 @@ def test_man_page_json_section_matches_a_real_run(tmp_path, capsys):
     snake = {w for w in documented if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", w)}
     values = set(doc["reports"][0]["microsoft_cas"]) | {k for k, _ in efi.SIGNATURE_TYPES.values()}
     # Keys of --fix and --libvirt output, which test_secureboot_ca_check_fix checks.
-    fix_keys = {"dry_run", "saved_state", "nvram_exists", "template_from", "created_from"}
+    fix_keys = {
+        "recovery_keys_confirmed",
+        "dry_run",
+        "saved_state",
+        "nvram_exists",
+        "template_from",
+        "created_from",
+    }
     assert snake - keys - values - fix_keys == set()
 
 

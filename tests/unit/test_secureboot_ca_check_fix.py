@@ -461,11 +461,14 @@ def test_all_files_checked_before_the_first_is_written(tmp_path, capsys, fakes):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--fix"], "--fix needs --varstore"),
+        (["--fix", "--cert", "y"], "--cert goes with --varstore"),
+        (["--varstore", "x", "--i-have-recovery-keys"], "go with --fix"),
+        (["--varstore", "x", "--fix", "--i-have-recovery-keys"], "this machine's firmware"),
         (["--varstore", "x", "--cert", "y"], "go with --fix"),
         (["--varstore", "x", "--dry-run"], "go with --fix"),
         (["--libvirt", "--varstore", "x"], "--libvirt reads"),
-        (["--varstore", "x", "--fix", "--efivars", "y"], "NVRAM files only"),
+        (["--varstore", "x", "--fix", "--efivars", "y"], "one kind of source"),
+        (["--fix", "--shim", "y"], "no --shim"),
     ],
 )
 def test_option_combinations(capsys, argv, message):

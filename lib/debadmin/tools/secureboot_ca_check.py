@@ -24,6 +24,8 @@ from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, No
 from debadmin.findings import finding
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_efivarfs as efivarfs
+from debadmin.tools import secureboot_ca_check_payloads as payloads
 from debadmin.tools import secureboot_ca_check_rules as rules
 
 PROG = "secureboot-ca-check"
@@ -495,6 +497,69 @@ def fwupd_status(root: Path = Path("/")) -> dict:
     }
 
 
+# --- the offline fix ---------------------------------------------------------------------------
+
+
+def offline_fix(
+    kind: str,
+    path: str,
+    variables: Dict[str, efi.Variable],
+    root: Path,
+    payloads_dir: Optional[str],
+) -> dict:
+    """Whether --fix can add what is missing without the network, from Microsoft's objects
+    as this package ships them (or --payloads DIR): for firmware, the verified plan (the
+    db updates its KEK signs, the KEK update its PK signs); for a varstore, the four
+    certificates."""
+    result = {
+        "available": False,
+        "steps": [],
+        "kek_update_published": None,
+        "kek_update": None,
+        "error": None,
+    }
+    try:
+        if kind == "varstore":
+            from debadmin.tools import secureboot_ca_check_fix as fix
+
+            certs = fix.shipped_certs(root, payloads_dir)
+            held = {
+                var: {
+                    efi.fingerprint(e.cert)
+                    for e in efi.read_signature_lists(variables[var].data)[0]
+                    if e.cert is not None
+                }
+                for var in ("KEK", "db")
+                if var in variables
+            }
+            missing = [t[0] for t in fix.TARGETS if t[3] not in held.get(t[2], set())]
+            result["steps"] = [
+                {"variable": fix.TARGETS_BY_ID[ca][2], "adds": [ca]}
+                for ca in missing
+                if ca in certs
+            ]
+            result["available"] = bool(result["steps"]) and len(held) == 2
+            return result
+        objects = payloads.load_objects(payloads_dir, root)
+        plan = efivarfs.plan(variables, objects, "amd64", path)
+    except Error as exc:
+        result["error"] = str(exc)
+        return result
+    result["steps"] = [
+        {
+            "variable": s["variable"],
+            "adds": s["adds"],
+            "payload": s["payload"],
+            "sha256": s["sha256"],
+        }
+        for s in plan["steps"]
+    ]
+    result["available"] = bool(plan["steps"])
+    result["kek_update_published"] = plan["kek_update"]["published"]
+    result["kek_update"] = plan["kek_update"]["payload"]
+    return result
+
+
 # --- the verdict -----------------------------------------------------------------------------
 
 
@@ -522,8 +587,13 @@ def build_report(
     root: Path,
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS,
+    host: bool = True,
+    payloads_dir: Optional[str] = None,
 ) -> dict:
     """The report for one set of firmware variables (efivarfs or a varstore).
+
+    host: the source is this machine's own firmware (efivarfs under the root), so facts
+    of the root (fwupd) belong in it; a varstore or a dump gets none of them.
 
     The X.509 library warns (a country name of three letters, a negative serial number)
     each time such a certificate's fields are read: the warnings of the entries became
@@ -531,7 +601,8 @@ def build_report(
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = gather(kind, path, variables, shims, root, now, known)
+        report = gather(kind, path, variables, shims, root, now, known, host)
+        report["offline_fix"] = offline_fix(kind, path, variables, root, payloads_dir)
         rules.assess(report, known)
     for message in dict.fromkeys(str(w.message) for w in caught):
         log.debug("%s: warning from a library: %s", printable(path), printable(message))
@@ -584,6 +655,7 @@ def gather(
     root: Path,
     now: datetime.datetime,
     known: Dict[str, Tuple[str, str, str]],
+    host: bool = True,
 ) -> dict:
     """What the rules judge: the report's facts, and private ones under _facts."""
     databases = {
@@ -610,7 +682,7 @@ def gather(
         "variables": {name: databases[name] for name in shown},
         "microsoft_cas": presence(databases, known),
         "shims": [check_shim(image, databases, now, known) for image in images],
-        "fwupd": fwupd_status(root),
+        "fwupd": fwupd_status(root) if host and kind == "efivars" else None,
         "_facts": {
             "secure_boot_enable": secure_boot_enable,
             "problems": {name: databases[name]["_problems"] for name in shown if databases[name]},
@@ -702,11 +774,13 @@ def render_text(report: dict, quiet: bool = False) -> str:
                     f"{revoked}{covers}"
                 )
         fw = report["fwupd"]
-        lines.append(
-            "fwupd: "
-            + (f"{fw['version']} installed" if fw["installed"] else "not installed")
-            + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)")
-        )
+        if fw is not None:
+            lines.append(
+                "fwupd: "
+                + (f"{fw['version']} installed" if fw["installed"] else "not installed")
+                + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)")
+            )
+        lines.extend(offline_lines(report))
     if report["findings"]:
         lines.append("Findings:")
         lines.extend(f"  {f['severity'].upper()}: {f['message']}" for f in report["findings"])
@@ -720,6 +794,30 @@ def render_text(report: dict, quiet: bool = False) -> str:
     }
     lines.append(f"Verdict: {verdict[report['verdict']]}")
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def offline_lines(report: dict) -> List[str]:
+    offline = report.get("offline_fix")
+    if not offline:
+        return []
+    lines = []
+    if report["source"]["kind"] == "efivars" and offline["error"] is None:
+        if offline["kek_update_published"]:
+            lines.append(
+                f"KEK update for this PK: published by Microsoft ({offline['kek_update']}); "
+                "fwupd can apply it too"
+            )
+        else:
+            lines.append(
+                "KEK update for this PK: none published (neither --fix nor fwupd can add the "
+                "KEK 2K CA 2023)"
+            )
+    if offline["available"]:
+        adds = ", ".join(ca for step in offline["steps"] for ca in step["adds"])
+        lines.append(f"Offline fix (--fix, no network): available, adds {adds}")
+    elif offline["error"]:
+        lines.append(f"Offline fix: not planned ({offline['error']})")
+    return lines
 
 
 def prom_escape(value: str) -> str:
@@ -749,6 +847,24 @@ def render_metrics(reports: List[dict], status: int, now: float) -> str:
                 "action_needed",
                 "Whether the source needs action.",
                 [(src, int(r["verdict"] == "action-needed")) for src, r in zip(sources, reports)],
+            ),
+            (
+                "offline_fix_available",
+                "Whether --fix can add missing 2023 CAs offline, from Microsoft's signed "
+                "updates or certificates shipped with the package.",
+                [
+                    (src, int(bool((r.get("offline_fix") or {}).get("available"))))
+                    for src, r in zip(sources, reports)
+                ],
+            ),
+            (
+                "kek_update_published",
+                "Whether Microsoft publishes a KEK update signed by the source's PK.",
+                [
+                    (src, int(r["offline_fix"]["kek_update_published"]))
+                    for src, r in zip(sources, reports)
+                    if (r.get("offline_fix") or {}).get("kek_update_published") is not None
+                ],
             ),
             (
                 "ca_present",
@@ -814,13 +930,38 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
         log.debug(
             "%s: read %s", printable(str(directory)), ", ".join(sorted(variables)) or "nothing"
         )
-        shims = explicit_shims or default_shims(root)
+        # A dump named by --efivars is another machine's: none of this host's facts (its
+        # shims, its fwupd) belong in its report, unless --root names that machine's tree.
+        host = not args.efivars or bool(args.root)
+        shims = explicit_shims or (default_shims(root) if host else [])
         log.debug("shims to check: %s", printable(", ".join(map(str, shims))) or "none")
-        reports.append(build_report("efivars", str(directory), variables, shims, root, now))
+        reports.append(
+            build_report(
+                "efivars",
+                str(directory),
+                variables,
+                shims,
+                root,
+                now,
+                host=host,
+                payloads_dir=args.payloads,
+            )
+        )
     for path in args.varstore or []:
         variables = efi.read_varstore(Path(path))
         log.debug("%s: read %s", printable(path), ", ".join(sorted(variables)) or "nothing")
-        reports.append(build_report("varstore", path, variables, explicit_shims, root, now))
+        reports.append(
+            build_report(
+                "varstore",
+                path,
+                variables,
+                explicit_shims,
+                root,
+                now,
+                host=False,
+                payloads_dir=args.payloads,
+            )
+        )
     for report in reports:
         log.debug(
             "%s: %s (%s)",
@@ -991,8 +1132,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--fix",
         action="store_true",
-        help="add the missing 2023 Microsoft CAs to the --varstore files (or, with "
-        "--libvirt, to the NVRAM of every shut-off VM); keeps a backup beside each",
+        help="add the missing 2023 Microsoft CAs: to this machine's firmware through "
+        "efivarfs with Microsoft's signed updates (verified first); to the --varstore files "
+        "(or, with --libvirt, the NVRAM of every shut-off VM), keeping a backup beside each; "
+        "with --efivars DIR and --dry-run, plan from a dump",
     )
     parser.add_argument(
         "--cert",
@@ -1001,7 +1144,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --fix: a 2023 Microsoft CA certificate (DER or PEM) to add; repeatable",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="with --fix: list what would be added"
+        "--dry-run",
+        action="store_true",
+        help="with --fix: list what would be added (and verify every signed update)",
+    )
+    parser.add_argument(
+        "--payloads",
+        metavar="DIR",
+        help="root of a checkout of microsoft/secureboot_objects to use instead of the "
+        "copy this package ships (/usr/share/secureboot-ca-check/secureboot_objects)",
+    )
+    parser.add_argument(
+        "--i-have-recovery-keys",
+        action="store_true",
+        help="with --fix on this machine: write even though LUKS or BitLocker keys are "
+        "sealed to PCR 7 (they will ask for their recovery keys at the next boot)",
     )
     parser.add_argument(
         "--libvirt",
@@ -1019,18 +1176,29 @@ def dispatch(args: argparse.Namespace) -> int:
             "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
             "or --textfile-dir with it"
         )
-    if (args.cert or args.dry_run) and not args.fix:
-        raise Error("--cert and --dry-run go with --fix")
-    if args.fix and not (args.varstore or args.libvirt):
-        raise Error("--fix needs --varstore FILE or --libvirt")
-    if args.fix and (args.efivars or args.shim or args.textfile_dir):
-        raise Error("--fix changes NVRAM files only: no --efivars, --shim or --textfile-dir")
+    if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
+        raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
+    if args.fix and (args.shim or args.textfile_dir):
+        raise Error("--fix changes variables: no --shim or --textfile-dir")
+    if args.fix and args.efivars and (args.varstore or args.libvirt):
+        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    firmware = args.fix and not (args.varstore or args.libvirt)
+    if args.cert and firmware:
+        raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
+    if args.i_have_recovery_keys and not firmware:
+        raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
     if not (args.libvirt or args.fix):
         return cmd_check(args)
     # Imported here: secureboot_ca_check_libvirt imports this module.
-    from debadmin.tools import secureboot_ca_check_fix, secureboot_ca_check_libvirt
+    from debadmin.tools import (
+        secureboot_ca_check_efivarfs,
+        secureboot_ca_check_fix,
+        secureboot_ca_check_libvirt,
+    )
 
     command = secureboot_ca_check_libvirt.cmd_libvirt if args.libvirt else None
+    if firmware:
+        command = secureboot_ca_check_efivarfs.cmd_fix_firmware
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CryptographyDeprecationWarning)

@@ -24,6 +24,7 @@ from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_payloads as payloads
 
 # What --fix adds: (id, subject CN, variable, SHA-256 fingerprint), as in
 # secureboot_ca_check.KNOWN_CAS (a unit test keeps the two equal).
@@ -53,6 +54,7 @@ TARGETS: Tuple[Tuple[str, str, str, str], ...] = (
         "e5be3e64c6e66a281457ecdece0d6d0787577aad2a3a0144262c10c14ba8d8f1",
     ),
 )
+TARGETS_BY_ID = {t[0]: t for t in TARGETS}
 # Where installed copies are looked for (relative to the root): trixie's
 # python3-virt-firmware ships three of the four as PEM files; sid's ovmf enrols all four in
 # its Microsoft templates.
@@ -687,9 +689,38 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
         return result
 
 
-def available_certs(cert_files: List[str], root: Path) -> Dict[str, Cert]:
-    """The --cert files, then the installed copies; an Error when there is none at all."""
-    found = {**installed_certs(root), **load_cert_files(cert_files)}
+def shipped_certs(root: Path, directory: Optional[str] = None) -> Dict[str, Cert]:
+    """The four certificates of Microsoft's objects (shipped by this package under
+    /usr/share/secureboot-ca-check, or --payloads DIR), each checked by fingerprint."""
+    base = Path(directory) if directory else root / str(payloads.DEFAULT_DIR).lstrip("/")
+    found: Dict[str, Cert] = {}
+    for ca, rel in payloads.CERTIFICATE_FILES.items():
+        path = base / rel
+        try:
+            der = efi.read_bounded(path, MAX_CERT_FILE, "a certificate")
+        except Error:
+            if directory:
+                raise
+            continue
+        target = target_of(der)
+        if target is None or target[0] != ca:
+            if directory:
+                raise Error(f"{path}: not the certificate of {ca} (SHA-256 fingerprint differs)")
+            continue  # never written: only what matches a known fingerprint is
+        found[ca] = Cert(target, der, str(path))
+    return found
+
+
+def available_certs(
+    cert_files: List[str], root: Path, directory: Optional[str] = None
+) -> Dict[str, Cert]:
+    """The --cert files, then the installed copies, then Microsoft's as this package
+    ships them (or --payloads DIR); an Error when there is none at all."""
+    found = {
+        **shipped_certs(root, directory),
+        **installed_certs(root),
+        **load_cert_files(cert_files),
+    }
     if not found:
         raise Error(
             "no certificate of the 2023 CAs found (python3-virt-firmware, which bookworm "
@@ -729,7 +760,7 @@ def still_needed(result: dict) -> bool:
 def cmd_fix(args) -> int:
     """--varstore FILE... --fix: every file checked first, then each written."""
     root = Path(args.root or "/")
-    certs = available_certs(args.cert or [], root)
+    certs = available_certs(args.cert or [], root, args.payloads)
     paths = [Path(p) for p in args.varstore]
     # All files planned before the first is written: a refusal leaves every file as it was.
     results = [fix_file(path, certs, dry_run=True) for path in paths]

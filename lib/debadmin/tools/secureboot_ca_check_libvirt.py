@@ -834,7 +834,7 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
         else:
             print(f"{sbc.PROG}: {sbc.printable(str(exc))}", file=sys.stderr)
         return exc.code
-    certs = fix.available_certs(args.cert or [], root) if args.fix else {}
+    certs = fix.available_certs(args.cert or [], root, args.payloads) if args.fix else {}
     entries = []
     for domain in domains:
         entry = check_domain(domain, root, now)

@@ -149,8 +149,32 @@ def update_means(facts: Facts) -> Iterable[Finding]:
     holds the KEK CA 2011 that signs the db update."""
     if not facts.lacks_2023:
         return
+    offline = facts.report.get("offline_fix") or {}
+    if offline.get("available"):
+        yield finding(
+            "offline-fix-available",
+            "info",
+            "secureboot-ca-check --fix can add "
+            + ", ".join(ca for step in offline["steps"] for ca in step["adds"])
+            + " without the network, from Microsoft's published objects shipped with it",
+            None,
+            adds=[ca for step in offline["steps"] for ca in step["adds"]],
+        )
+    if offline.get("kek_update_published") is not None and not facts.has("kek_2k_ca_2023", "KEK"):
+        published = offline["kek_update_published"]
+        yield finding(
+            "kek-update-published" if published else "kek-update-unpublished",
+            "info",
+            f"Microsoft publishes a KEK update signed by this PK ({offline['kek_update']})"
+            if published
+            else "Microsoft publishes no KEK update signed by this PK: neither fwupd nor "
+            "--fix can add the KEK 2K CA 2023",
+            "PK",
+        )
     fwupd = facts.report["fwupd"]
-    if not fwupd["installed"]:
+    if fwupd is None:
+        pass
+    elif not fwupd["installed"]:
         yield finding(
             "fwupd-missing",
             "info",
@@ -382,6 +406,14 @@ def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
         )
         steps.append(PCR7_WARNING)
         return steps
+    if "offline-fix-available" in codes:
+        steps.append(
+            "Offline, verified before anything is written: 'secureboot-ca-check --fix "
+            "--dry-run' shows the plan, 'secureboot-ca-check --fix' applies it "
+            "(Microsoft's signed updates; see secureboot-ca-check(8))."
+            if source_kind == "efivars"
+            else "On the machine itself: 'secureboot-ca-check --fix' (offline)."
+        )
     if "fwupd-missing" in fwupd:
         steps.append(
             f"Install fwupd {fwupd['fwupd-missing']['minimum']} or later: apt install fwupd"
@@ -401,6 +433,12 @@ def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
             "not a certificate the firmware can use: no signed KEK update can apply. "
             "Install the maker's firmware (BIOS) update, or clear the keys in the firmware "
             "setup and enrol a PK of your own, then KEK and db (efitools)."
+        )
+    elif "kek-update-unpublished" in codes:
+        steps.append(
+            "Microsoft publishes no KEK update signed by this machine's platform key: "
+            "install the maker's firmware (BIOS) update, or restore factory keys if "
+            "KEKDefault holds the KEK 2K CA 2023; enrolling by hand is the last resort."
         )
     elif "kek-2023-missing" in codes:
         steps.append(

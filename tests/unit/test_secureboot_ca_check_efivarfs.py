@@ -1,0 +1,467 @@
+"""secureboot-ca-check --fix on firmware: the plan on real dumps, refusals, the write path."""
+
+import base64
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from debadmin.tools import secureboot_ca_check as sbc
+from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.tools import secureboot_ca_check_efivarfs as efivarfs
+from debadmin.tools import secureboot_ca_check_fix as fix
+from debadmin.tools import secureboot_ca_check_payloads as payloads
+
+SRC = Path(__file__).resolve().parents[2]
+OBJECTS = SRC / "data" / "secureboot_objects"
+REAL = SRC / "tests" / "data" / "secureboot-ca-check" / "real"
+GUIDS = {**efi.VARIABLES}
+DB_FILES = ["DBUpdate3P2023.bin", "DBUpdateOROM2023.bin", "DBUpdate2024.bin"]
+
+
+def write_efivars(directory: Path, variables: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in variables.items():
+        attributes = 0x27 if name in efi.AUTHENTICATED else 0x06
+        (directory / f"{name}-{GUIDS[name]}").write_bytes(struct.pack("<I", attributes) + data)
+    return directory
+
+
+def ovmf_variables(**extra) -> dict:
+    """The real PK, KEK and db of Debian 12's OVMF_VARS_4M.ms.fd: Debian's PK, KEK CA 2011."""
+    variables = {n: (REAL / f"ovmf-ms-{n}.esl").read_bytes() for n in ("PK", "KEK", "db", "dbx")}
+    variables.update(SecureBoot=b"\x01", SetupMode=b"\x00")
+    variables.update(extra)
+    return variables
+
+
+def ami_test_pk() -> bytes:
+    """The "DO NOT TRUST - AMI Test PK" certificate that shipped in real machines, as the
+    PKCS#7 of Microsoft's KEK update for it carries it."""
+    objects = payloads.load_objects(str(OBJECTS))
+    payload = objects.read("KEK/AMI/KEKUpdate_AMI_PK1.bin", "KEK")
+    (cert,) = payloads.p7_certificates(payload)
+    assert efi.fingerprint(cert, "sha1") == "9a3056b5260f628645b4d9ac61aebd8060305c3e"
+    return efi.der(cert)
+
+
+def ami_variables(**extra) -> dict:
+    """A machine whose PK is AMI's test PK, with Microsoft's KEK CA 2011 in KEK."""
+    return ovmf_variables(PK=fix.signature_list(ami_test_pk()), **extra)
+
+
+def run(capsys, *argv):
+    rc = sbc.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def plan_json(capsys, efivars: Path, *extra):
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--fix",
+        "--dry-run",
+        "--json",
+        "--payloads",
+        str(OBJECTS),
+        *extra,
+    )
+    return rc, (json.loads(out) if out else None), err
+
+
+# --- the plan, on real dumps ---------------------------------------------------------------
+
+
+def test_plan_on_debian_ovmf_dump(tmp_path, capsys):
+    """Debian's OVMF keys: the three db updates verify against the KEK CA 2011 in KEK;
+    Microsoft publishes no KEK update for Debian's PK: exit 1, the KEK remains."""
+    efivars = write_efivars(tmp_path / "ovmf", ovmf_variables())
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1, err
+    fixing = doc["fix"]
+    assert [s["payload"] for s in fixing["steps"]] == [
+        f"Optional/DB/amd64/{name}" for name in DB_FILES
+    ]
+    for step in fixing["steps"]:
+        published = OBJECTS / "PostSignedObjects" / step["payload"]
+        assert step["sha256"] == __import__("hashlib").sha256(published.read_bytes()).hexdigest()
+        assert step["variable"] == "db" and step["verified"] and step["status"] == "planned"
+        assert step["signed_by"] == "Microsoft Corporation KEK CA 2011"
+    assert fixing["kek_update"]["published"] is False
+    assert [r["ca"] for r in fixing["remaining"]] == ["kek_2k_ca_2023"]
+    assert any("firmware" in o for o in fixing["options"])
+    assert fixing["measured_boot"] == [] and fixing["written"] is False
+    assert doc["exit_status"] == 1
+
+
+def test_plan_on_ami_test_pk_dump(tmp_path, capsys):
+    """A PK with a published KEK update: four steps, db first, then KEK, exit 0."""
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 0, err
+    steps = doc["fix"]["steps"]
+    assert [s["variable"] for s in steps] == ["db", "db", "db", "KEK"]
+    assert steps[-1]["payload"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin"
+    assert steps[-1]["signed_by"] == "DO NOT TRUST - AMI Test PK"
+    assert doc["fix"]["kek_update"] == {
+        "published": True,
+        "payload": "KEK/AMI/KEKUpdate_AMI_PK1.bin",
+        "sha256": steps[-1]["sha256"],
+        "reason": None,
+    }
+    assert doc["fix"]["pk"]["sha1"] == "9a3056b5260f628645b4d9ac61aebd8060305c3e"
+    assert doc["fix"]["remaining"] == []
+
+
+def test_plan_text(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(OBJECTS)
+    )
+    assert rc == 0 and err == ""
+    assert "KEK update for this PK: published (KEK/AMI/KEKUpdate_AMI_PK1.bin)" in out
+    assert "would append Microsoft Corporation KEK 2K CA 2023 to KEK" in out
+
+
+def test_nothing_to_do_when_all_four_are_present(tmp_path, capsys):
+    objects = payloads.load_objects(str(OBJECTS))
+    kek = ovmf_variables()["KEK"] + fix.signature_list(objects.certificate("kek_2k_ca_2023"))
+    db = ovmf_variables()["db"] + b"".join(
+        fix.signature_list(objects.certificate(ca)) for ca in payloads.DB_UPDATES.values()
+    )
+    efivars = write_efivars(tmp_path / "done", ami_variables(KEK=kek, db=db))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 0 and doc["fix"]["steps"] == [] and len(doc["fix"]["present"]) == 4
+
+
+def test_setup_mode_is_refused(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "setup", ovmf_variables(SetupMode=b"\x01"))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 2 and doc is None and "Setup Mode" in err
+
+
+def test_a_pk_that_is_no_certificate_leaves_the_kek(tmp_path, capsys):
+    two = fix.signature_list(ami_test_pk()) * 2
+    efivars = write_efivars(tmp_path / "two", ovmf_variables(PK=two))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1 and len(doc["fix"]["steps"]) == 3
+    assert "not one usable X.509 certificate" in doc["fix"]["remaining"][0]["reason"]
+
+
+def test_factory_defaults_with_kek_2023_are_an_option(tmp_path, capsys):
+    objects = payloads.load_objects(str(OBJECTS))
+    kek_default = fix.signature_list(objects.certificate("kek_2k_ca_2023"))
+    GUIDS.setdefault("KEKDefault", efi.GLOBAL_GUID)
+    efivars = write_efivars(tmp_path / "d", ovmf_variables(KEKDefault=kek_default))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1 and any("KEKDefault" in o for o in doc["fix"]["options"])
+
+
+def test_a_kek_without_the_2011_ca_gets_no_db_update(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "own", ovmf_variables(KEK=ovmf_variables()["PK"]))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1 and doc["fix"]["steps"] == []
+    assert {r["ca"] for r in doc["fix"]["remaining"]} == {
+        "uefi_ca_2023",
+        "option_rom_uefi_ca_2023",
+        "windows_uefi_ca_2023",
+        "kek_2k_ca_2023",
+    }
+
+
+@pytest.fixture
+def tampered(tmp_path):
+    """A copy of the objects whose DBUpdate3P2023.bin has one bit of its signed time stamp
+    flipped."""
+    copy = tmp_path / "objects"
+    shutil.copytree(OBJECTS, copy)
+    for arch in payloads.ARCHES.values():
+        path = copy / "PostSignedObjects/Optional/DB" / arch / "DBUpdate3P2023.bin"
+        blob = bytearray(path.read_bytes())
+        blob[0] ^= 0x01
+        path.write_bytes(bytes(blob))
+    return copy
+
+
+def test_a_payload_that_does_not_verify_stops_everything(tmp_path, capsys, tampered):
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(tampered)
+    )
+    assert rc == 2 and out == ""
+    assert "Optional/DB/amd64/DBUpdate3P2023.bin: does not verify" in err
+    assert "nothing written" in err
+
+
+def test_a_dump_is_planned_only(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and "add --dry-run" in err
+
+
+# --- the report: offline fix, and nothing of the host in a dump's report ----------------------
+
+
+def test_report_on_a_dump_says_whether_a_fix_is_available(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    textfile = tmp_path / "prom"
+    textfile.mkdir()
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--json",
+        "--payloads",
+        str(OBJECTS),
+        "--textfile-dir",
+        str(textfile),
+    )
+    report = json.loads(out)["reports"][0]
+    assert report["offline_fix"]["available"] is True
+    assert report["offline_fix"]["kek_update_published"] is True
+    assert report["offline_fix"]["kek_update"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin"
+    codes = {f["code"] for f in report["findings"]}
+    assert {"offline-fix-available", "kek-update-published"} <= codes
+    # A dump is another machine: no fwupd, no shim of this host.
+    assert report["fwupd"] is None and report["shims"] == []
+    assert not {"fwupd-missing", "fwupd-too-old"} & codes
+    prom = (textfile / sbc.TEXTFILE_NAME).read_text()
+    assert f'secureboot_ca_check_offline_fix_available{{source="{efivars}"}} 1' in prom
+    assert f'secureboot_ca_check_kek_update_published{{source="{efivars}"}} 1' in prom
+
+
+def test_report_says_when_no_kek_update_exists(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "ovmf", ovmf_variables())
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--payloads", str(OBJECTS))
+    assert rc == 1
+    assert "KEK update for this PK: none published" in out
+    assert "Offline fix (--fix, no network): available" in out
+
+
+# --- measured boot ----------------------------------------------------------------------------
+
+
+def luks2_header(tokens: dict) -> bytes:
+    """A LUKS2 binary header (magic, version 2, header size) and its JSON area."""
+    metadata = {"keyslots": {}, "tokens": tokens, "segments": {}, "digests": {}, "config": {}}
+    area = json.dumps(metadata).encode()
+    head = bytearray(16384)
+    head[0:6] = efivarfs.LUKS_MAGIC
+    struct.pack_into(">HQ", head, 6, 2, 16384)
+    head[4096 : 4096 + len(area)] = area
+    return bytes(head)
+
+
+def b64url(value: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+
+def clevis_token(pin: dict) -> dict:
+    return {"type": "clevis", "keyslots": ["1"], "jwe": {"protected": b64url({"clevis": pin})}}
+
+
+@pytest.mark.parametrize(
+    "tokens,found",
+    [
+        ({"0": {"type": "systemd-tpm2", "keyslots": ["1"], "tpm2-pcrs": [7]}}, True),
+        ({"0": {"type": "systemd-tpm2", "keyslots": ["1"], "tpm2-pcrs": [0, 2]}}, False),
+        ({"0": {"type": "systemd-tpm2", "tpm2-pcrs": [], "tpm2_pcrlock": True}}, True),
+        ({"0": clevis_token({"pin": "tpm2", "tpm2": {"pcr_ids": "0,7"}})}, True),
+        ({"0": clevis_token({"pin": "tpm2", "tpm2": {"pcr_ids": "1"}})}, False),
+        ({"0": clevis_token({"pin": "tang", "tang": {"url": "http://t"}})}, False),
+        (
+            {
+                "0": clevis_token(
+                    {
+                        "pin": "sss",
+                        "sss": {
+                            "t": 1,
+                            "jwe": [
+                                b64url({"clevis": {"pin": "tpm2", "tpm2": {"pcr_ids": [7]}}})
+                                + "..."
+                            ],
+                        },
+                    }
+                )
+            },
+            True,
+        ),
+        ({"0": {"type": "clevis", "jwe": {"protected": "!!"}}}, True),
+        ({}, False),
+    ],
+)
+def test_luks2_tokens(tokens, found):
+    metadata = efivarfs.luks2_metadata(luks2_header(tokens))
+    assert bool(efivarfs.luks2_tokens_pcr7(metadata)) == found
+
+
+def fake_machine(tmp_path: Path, variables: dict, devices: dict = None) -> Path:
+    """A root whose efivarfs is a plain directory on tmpfs standing in for efivarfs, and
+    whose block devices are files holding real on-disk headers."""
+    root = tmp_path / "root"
+    write_efivars(root / efivarfs.EFIVARS, variables)
+    for name, content in (devices or {}).items():
+        (root / "sys/class/block" / name).mkdir(parents=True)
+        (root / "dev").mkdir(exist_ok=True)
+        (root / "dev" / name).write_bytes(content)
+    return root
+
+
+def snapshot(root: Path) -> dict:
+    directory = root / efivarfs.EFIVARS
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+BITLOCKER = b"\xeb\x58\x90-FVE-FS-" + bytes(501)
+LUKS_PCR7 = luks2_header({"0": {"type": "systemd-tpm2", "keyslots": ["1"], "tpm2-pcrs": [7]}})
+
+
+@pytest.mark.parametrize("device", [BITLOCKER, LUKS_PCR7])
+def test_pcr7_secrets_refuse_the_write(tmp_path, capsys, device):
+    root = fake_machine(tmp_path, ami_variables(), {"sda2": device})
+    before = snapshot(root)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and out == ""
+    assert "/dev/sda2" in err and "--i-have-recovery-keys" in err and "nothing written" in err
+    assert snapshot(root) == before
+
+
+def test_pcr7_secrets_are_a_warning_in_a_dry_run(tmp_path, capsys):
+    root = fake_machine(tmp_path, ami_variables(), {"sda2": BITLOCKER, "sda1": bytes(4096)})
+    rc, out, err = run(
+        capsys, "--root", str(root), "--fix", "--dry-run", "--json", "--payloads", str(OBJECTS)
+    )
+    assert rc == 0 and "--i-have-recovery-keys" in err
+    assert json.loads(out)["fix"]["measured_boot"] == [
+        {"kind": "bitlocker", "device": "/dev/sda2", "detail": "BitLocker"}
+    ]
+
+
+# --- the write path, on a directory standing in for efivarfs ----------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A directory on tmpfs (/dev/shm), which has inode flags as efivarfs has (Linux 6.0+);
+    pytest's own directory where /dev/shm is not writable."""
+    base = Path("/dev/shm")
+    if not (base.is_dir() and os.access(base, os.W_OK)):
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(prefix="secureboot-ca-check.", dir=base))
+    try:
+        yield directory
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(directory)], capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def chattr(flag: str, path: Path) -> bool:
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys):
+    """On a plain file system the variable does not grow as firmware makes it grow: the
+    read-back finds no CA and says so (exit 2), and stops before the next step.  What was
+    written is exactly the attribute word 0x67 and Microsoft's file; the immutable flag
+    (where it can be set) is set again after the write."""
+    root = fake_machine(tmpfs, ami_variables())
+    db = root / efivarfs.EFIVARS / f"db-{efi.IMAGE_SECURITY_GUID}"
+    kek = root / efivarfs.EFIVARS / f"KEK-{efi.GLOBAL_GUID}"
+    kek_before = kek.read_bytes()
+    immutable = chattr("+i", db)
+    try:
+        rc, out, err = run(
+            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
+        )
+        if immutable:
+            with open(db, "rb") as handle:
+                assert efivarfs.get_flags(handle.fileno()) & efivarfs.FS_IMMUTABLE_FL
+    finally:
+        if immutable:
+            chattr("-i", db)
+    assert rc == 2
+    doc = json.loads(out)
+    steps = doc["fix"]["steps"]
+    assert [s["status"] for s in steps] == ["not-accepted", "not-run", "not-run", "not-run"]
+    assert "does not hold it" in steps[0]["error"]
+    published = (OBJECTS / "PostSignedObjects/Optional/DB/amd64/DBUpdate3P2023.bin").read_bytes()
+    assert db.read_bytes() == struct.pack("<I", 0x67) + published
+    assert kek.read_bytes() == kek_before
+    assert "Optional/DB/amd64/DBUpdate3P2023.bin" in err and "applied before it: nothing" in err
+
+
+def test_immutable_flag_is_cleared_for_the_write(tmpfs):
+    """Without clearing it, root's write to an immutable file fails with EPERM."""
+    path = tmpfs / "var"
+    path.write_bytes(b"\x27\0\0\0old")
+    if not chattr("+i", path):
+        pytest.skip("cannot set the immutable flag here (not root, or no inode flags)")
+    try:
+        with pytest.raises(PermissionError):
+            with open(path, "r+b") as handle:
+                handle.write(b"x")
+        efivarfs.append(path, b"payload")
+        with open(path, "rb") as handle:
+            assert efivarfs.get_flags(handle.fileno()) & efivarfs.FS_IMMUTABLE_FL
+    finally:
+        chattr("-i", path)
+    assert path.read_bytes() == struct.pack("<I", 0x67) + b"payload"
+
+
+REFUSE = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+from debadmin.tools import secureboot_ca_check
+sys.exit(secureboot_ca_check.main(sys.argv[1:]))
+"""
+
+
+def test_a_refused_write_is_reported_with_its_errno(tmpfs):
+    """A real errno from a real file system (EFBIG: the file size limit), as a firmware's
+    EACCES or ENOSPC would come: reported, exit 2, nothing more attempted."""
+    root = fake_machine(tmpfs, ami_variables())
+    before = snapshot(root)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            REFUSE,
+            "--root",
+            str(root),
+            "--fix",
+            "--json",
+            "--payloads",
+            str(OBJECTS),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC / "lib"), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert result.returncode == 2, result.stderr
+    steps = json.loads(result.stdout)["fix"]["steps"]
+    assert steps[0]["status"] == "refused" and steps[0]["error"].startswith("EFBIG")
+    assert {s["status"] for s in steps[1:]} == {"not-run"}
+    assert "DBUpdate3P2023.bin: refused by the firmware: EFBIG" in result.stderr
+    assert snapshot(root) == before
+    assert errno.EFBIG and resource.RLIMIT_FSIZE and signal.SIGXFSZ
+
+
+def test_no_uefi_is_not_applicable(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, out, err = run(capsys, "--root", str(tmp_path / "empty"), "--fix", "--dry-run")
+    assert rc == 3 and "did not boot with UEFI" in err and out == ""
