@@ -7,6 +7,9 @@
 #                  trixie's Python, trixie's lintian, autopkgtest in a trixie testbed),
 #                  install, integration tests
 #   Run as a normal user with sudo, build/ stays the user's.
+#   make sbuild RELEASE=bookworm|trixie   the release build, as Debian's builders make it:
+#                  sbuild in unshare mode, a stock chroot, version VERSION~deb12u1 or
+#                  ~deb13u1, into build/sbuild-RELEASE/ (HACKING.md, "Cutting a release")
 #
 # Adding a tool: follow the checklist in HACKING.md. Here it needs its TEST_DEPENDS_TOOL
 # line below (empty if its tests need nothing more); tests/unit/test_registration.py

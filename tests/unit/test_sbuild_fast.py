@@ -1482,6 +1482,7 @@ def test_prune_cache_removes_the_least_recently_used(tmp_path):
     (cache / "partial/old.deb").write_bytes(b"z")
     os.utime(cache / "partial/old.deb", (now - 2 * 86400, now - 2 * 86400))
     (cache / "partial/new.deb").write_bytes(b"z")  # a download in progress
+    os.utime(cache / "partial/new.deb", (now, now))  # now by the test's clock (faketime)
     result = sbs.prune_cache(cache, 600, now)
     # p1 (30 days) and p2 (10 days) go: 400 + 100 bytes are left, under the cap
     assert sorted(os.listdir(cache)) == [
