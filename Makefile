@@ -38,7 +38,7 @@ CHANGES := $(BUILD)/debadmin_$(VERSION)_$(shell dpkg --print-architecture).chang
 APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends
 
 # What the test pipeline itself runs (beyond the build dependencies).
-CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
+CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap sbuild faketime
 # make repo's tools (tests/integration/release uses them and piuparts too).
 REPO_DEPENDS := reprepro gnupg
 # What the integration tests use: the containers of tests/integration/lib, then per tool.
@@ -57,7 +57,7 @@ FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) 
 SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
-.PHONY: all install check deps check-deps shellcheck unit build lintian autopkgtest \
+.PHONY: all install check deps check-deps shellcheck unit build dist sbuild lintian autopkgtest \
 	install-debs integration lint clean subids trixie repo previous
 
 # $(call need,COMMAND...,TARGET): stop with a hint when a command is missing.
@@ -102,15 +102,40 @@ unit:
 	@echo "=== unit tests: $$($(PYTHON) --version), warnings as errors"
 	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/unit
 
+# The tree as a package is built from: no build output, no caches, no group or other write
+# bits (a checkout made with umask 002 builds the same source package).
+COPY_TREE = tar -c --mode=go-w --exclude=./build --exclude=./build-trixie --exclude=./.git \
+	--exclude=__pycache__ --exclude=.pytest_cache --exclude='*.egg-info' . | tar -x -C
+
 # Build from a copy of the tree so that the .debs land in build/, not in ..
 build:
 	$(need_builddeps)
 	rm -rf $(BUILD)
 	mkdir -p $(BUILD)/debadmin-$(VERSION)
-	tar -c --exclude=./build --exclude=./build-trixie --exclude=./.git --exclude=__pycache__ --exclude=.pytest_cache . \
-		| tar -x -C $(BUILD)/debadmin-$(VERSION)
+	$(COPY_TREE) $(BUILD)/debadmin-$(VERSION)
 	cd $(BUILD)/debadmin-$(VERSION) && dpkg-buildpackage -us -uc
 	rm -rf $(BUILD)/debadmin-$(VERSION)
+	$(call give_back,$(BUILD))
+
+# The source package alone (build/debadmin_VERSION.dsc and .tar.xz), what make sbuild builds.
+# A directory of its own per run: two make sbuild at once (bookworm, trixie) each make one.
+dist:
+	mkdir -p $(BUILD)
+	set -e; tmp=$$(mktemp -d $(BUILD)/dist.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+		mkdir $$tmp/debadmin-$(VERSION); \
+		$(COPY_TREE) $$tmp/debadmin-$(VERSION); \
+		(cd $$tmp && dpkg-source -b debadmin-$(VERSION)); \
+		mv -f $$tmp/debadmin_$(VERSION).tar.* $$tmp/debadmin_$(VERSION).dsc $(BUILD)/
+	$(call give_back,$(BUILD))
+
+# Build the source for Debian $(RELEASE) as Debian's builders do: sbuild in unshare mode
+# with a stock chroot (mmdebstrap --variant=buildd, ~/.cache/sbuild/RELEASE-ARCH.tar.zst,
+# made again when older than a day), as a normal user (as root: as the build user
+# debadmin-sbuild, made with subordinate ids), into build/sbuild-$(RELEASE)/, version
+# VERSION~debNNu1 (build-aux/sbuild-release says why and how).
+sbuild: dist
+	$(call need,sbuild mmdebstrap newuidmap,check-deps)
+	build-aux/sbuild-release $(RELEASE) $(BUILD)/debadmin_$(VERSION).dsc $(BUILD)/sbuild-$(RELEASE)
 	$(call give_back,$(BUILD))
 
 lintian:

@@ -189,6 +189,7 @@ def codes_of(report):
 
 
 @needs_acl_tools
+@pytest.mark.needs_root
 def test_check_lists_findings_and_ignores_symlinks(tmp_path, capsys):
     root = make_root(tmp_path)
     journal = root / "var/log/journal"
@@ -825,6 +826,7 @@ def test_journald_main_conf_by_systemd_version(tmp_path):
     assert jas.journald_storage(root) == ("auto", None)  # masked
 
 
+@pytest.mark.needs_root
 def test_odd_names_report_on_one_line_and_valid_json(tmp_path, capsys):
     """A name with a newline or bytes that are not UTF-8 (anyone who can write in the tree
     can make one): each message stays one escaped line, the JSON subject decodes back to the

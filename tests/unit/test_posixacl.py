@@ -32,6 +32,7 @@ def test_tags_are_libacls():
     )
 
 
+@pytest.mark.needs_mapped_ids
 def test_parse_and_pack_agree_with_libacl(tmp_path):
     path = tmp_path / "d"
     path.mkdir()

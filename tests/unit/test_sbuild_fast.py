@@ -381,6 +381,7 @@ def fake_mmdebstrap(content=b"new tarball"):
     return run, calls
 
 
+@pytest.mark.needs_mapped_ids
 def test_create_places_tarball_and_state(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -411,6 +412,7 @@ def test_create_places_tarball_and_state(home, monkeypatch, capsys):
     assert not (home / ".sbuildrc").exists()
 
 
+@pytest.mark.needs_mapped_ids
 def test_create_configure_writes_block(home, monkeypatch):
     monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
     (home / ".sbuildrc").write_text((DATA / "sbuildrc").read_text())
@@ -447,6 +449,7 @@ def test_create_failure_is_one_line_error(home, monkeypatch, capsys):
     assert tree(home / ".cache/sbuild") == [".sbuild-fast", ".sbuild-fast/lock"]
 
 
+@pytest.mark.needs_mapped_ids
 def test_create_removes_stale_scratch(home, monkeypatch):
     stale = home / ".cache/sbuild/.sbuild-fast/tmp.abc"
     stale.mkdir(parents=True)
@@ -501,6 +504,7 @@ def test_dry_run_touches_nothing(home, monkeypatch, capsys):
 # --- update / list / remove ----------------------------------------------------------------
 
 
+@pytest.mark.needs_mapped_ids
 def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -527,6 +531,7 @@ def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
 
 
+@pytest.mark.needs_mapped_ids
 def test_update_mirror_is_recorded(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -541,6 +546,7 @@ def test_update_nothing(home, capsys):
     assert "nothing to update" in capsys.readouterr().out
 
 
+@pytest.mark.needs_mapped_ids
 def test_list_and_remove(home, monkeypatch, capsys):
     monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
     monkeypatch.setattr(sbs, "SCHROOT_STATE_DIR", str(home / "no-schroot-state"))
@@ -834,6 +840,7 @@ def test_remove_leaves_tarballs_it_did_not_make(home, capsys):
     assert err.count("was not made by sbuild-fast") == 2 and len(err.splitlines()) == 2
 
 
+@pytest.mark.needs_mapped_ids
 def test_update_goes_on_after_a_failing_chroot(home, monkeypatch, capsys):
     run, _ = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -1173,6 +1180,7 @@ def test_record_without_name_is_skipped(home, caplog):
 # --- update and a concurrent create -------------------------------------------------------
 
 
+@pytest.mark.needs_mapped_ids
 def test_update_rereads_the_record_under_the_lock(home, monkeypatch):
     run, calls = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -1542,6 +1550,7 @@ def test_prune_cache_waits_for_a_build(tmp_path, monkeypatch):
     assert sbs.prune_cache(cache, 0)["removed_files"] == 2
 
 
+@pytest.mark.needs_mapped_ids
 def test_cache_dir_acl_lets_the_chroot_root_write(tmp_path):
     """The directory stays the caller's; the ACL is what setfacl would write for
     u::rwx,u:100000:rwx,g::r-x,m::rwx,o::r-x."""
@@ -1726,6 +1735,7 @@ def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):
     assert sfd.inspect_tarball(tmp_path / "c.tar")["apt_under_eatmydata"]
 
 
+@pytest.mark.needs_mapped_ids
 def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
     run, _ = fake_mmdebstrap()
     monkeypatch.setattr(sf, "run_mmdebstrap", run)
@@ -1751,6 +1761,7 @@ def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
     assert sf.main(["update", "--cache-max", "lots"]) == 2
 
 
+@pytest.mark.needs_mapped_ids
 def test_cache_max_checked_first_and_bounded(home, monkeypatch, capsys, caplog):
     """A bad --cache-max is refused before any chroot is refreshed; a huge one is a
     one-line error, not an OverflowError; the same text in the file is the default."""
@@ -1962,6 +1973,7 @@ def test_acl_with_search_never_widens_the_mask(tmp_path):
     )
 
 
+@pytest.mark.needs_mapped_ids
 def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
     """trixie's useradd makes homes 0700: the chroot's root (a subordinate id) must be
     able to search down to the cache, or sbuild-usernsexec's bind mount fails."""
