@@ -220,9 +220,13 @@ repo:
 		ls $(BUILD)/sbuild-$$r/*.changes >/dev/null 2>&1 || \
 			$(MAKE) --no-print-directory sbuild RELEASE=$$r || exit; \
 	done
-	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro
-	build-aux/make-repo $(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo \
+	rm -rf $(BUILD)/repo.new $(BUILD)/repo.new.reprepro
+	build-aux/make-repo $(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo.new \
 		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do echo $(r)=$$c; done))
+	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro
+	mv $(BUILD)/repo.new.reprepro $(BUILD)/repo.reprepro
+	mv $(BUILD)/repo.new $(BUILD)/repo
+	$(call give_back,$(BUILD))
 
 # The previous release, for the upgrade tests: built from its tag (a fresh clone may
 # have no tags: then from its commit), without its unit tests. Its packages are all
