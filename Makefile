@@ -6,6 +6,14 @@
 #                  release), trixie (the quick start in a fresh trixie root: build with
 #                  trixie's Python, trixie's lintian, autopkgtest in a trixie testbed),
 #                  install, integration tests
+#   make repo      the signed apt repository build/repo/ (suites bookworm and trixie, component
+#                  main, public key build/repo/debadmin-archive-keyring.asc) from the sbuild
+#                  builds in build/sbuild-RELEASE/ (made first where missing), by reprepro.
+#                  Signed with your key: make repo SIGNING_KEY=<fingerprint> (from your
+#                  GnuPG keyring, GNUPGHOME); without SIGNING_KEY with a throwaway key, and it
+#                  says so: such a repository is for tests, never for publishing.
+#   make previous  the previous release (PREVIOUS_TAG) built from git into build/previous/,
+#                  for the upgrade tests
 #   Run as a normal user with sudo, build/ stays the user's.
 #   make sbuild RELEASE=bookworm|trixie   the release build, as Debian's builders make it:
 #                  sbuild in unshare mode, a stock chroot, version VERSION~deb12u1 or
@@ -34,6 +42,8 @@ APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q -
 
 # What the test pipeline itself runs (beyond the build dependencies).
 CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap sbuild faketime
+# make repo's tools (tests/integration/release uses them and piuparts too).
+REPO_DEPENDS := reprepro gnupg
 # What the integration tests use: the containers of tests/integration/lib, then per tool.
 TOOLS := $(notdir $(wildcard bin/*))
 TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
@@ -45,7 +55,8 @@ TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
 # (DEBADMIN_TEST_RISCV64=1 tests/integration/netboot-serialize/test-qemu-riscv64, ~5 min).
 TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
 TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
-TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS),$(TEST_DEPENDS_$(tool)))
+TEST_DEPENDS_release := $(REPO_DEPENDS) piuparts git
+TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS) release,$(TEST_DEPENDS_$(tool)))
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f
@@ -53,7 +64,7 @@ SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build dist sbuild lintian autopkgtest \
-	autopkgtest-run install-debs integration lint clean subids trixie trixie-run
+	autopkgtest-run install-debs integration lint clean subids trixie trixie-run repo previous
 
 # $(call need,COMMAND...,TARGET): stop with a hint when a command is missing.
 need = @for c in $(1); do command -v $$c >/dev/null || { \
@@ -224,6 +235,42 @@ trixie-run:
 	rm -rf $(TRIXIE)/root
 	$(MAKE) --no-print-directory autopkgtest RELEASE=trixie BUILD=$(TRIXIE)
 	$(call give_back,$(TRIXIE))
+
+# The signed apt repository, from the sbuild builds of every release (release-specific
+# versions, see HACKING.md "Releases"); a normal user can make it.
+REPO_RELEASES := bookworm trixie
+SIGNING_KEY ?=
+repo:
+	$(call need,reprepro gpg,check-deps)
+	@for r in $(REPO_RELEASES); do \
+		ls $(BUILD)/sbuild-$$r/*.changes >/dev/null 2>&1 || \
+			$(MAKE) --no-print-directory sbuild RELEASE=$$r || exit; \
+	done
+	rm -rf $(BUILD)/repo.new $(BUILD)/repo.new.reprepro
+	build-aux/make-repo $(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo.new \
+		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do echo $(r)=$$c; done))
+	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro
+	mv $(BUILD)/repo.new.reprepro $(BUILD)/repo.reprepro
+	mv $(BUILD)/repo.new $(BUILD)/repo
+	$(call give_back,$(BUILD))
+
+# The previous release, for the upgrade tests: built from its tag (a fresh clone may
+# have no tags: then from its commit), without its unit tests. Its packages are all
+# Architecture: all, so one build serves every release.
+PREVIOUS_TAG := v0.1.0
+PREVIOUS_COMMIT := 303aa9aa5729255aa427474b4060f91d2cfdc240
+previous:
+	$(need_builddeps)
+	$(call need,git,check-deps)
+	rm -rf $(BUILD)/previous
+	mkdir -p $(BUILD)/previous/src
+	ref=$$(git rev-parse -q --verify '$(PREVIOUS_TAG)^{commit}' || echo $(PREVIOUS_COMMIT)) && \
+		git archive "$$ref" | tar -x -C $(BUILD)/previous/src
+	cd $(BUILD)/previous/src && DEB_BUILD_OPTIONS=nocheck dpkg-buildpackage -us -uc -b >../build.log 2>&1 || \
+		{ tail -n 30 ../build.log; exit 1; }
+	rm -rf $(BUILD)/previous/src
+	ls $(BUILD)/previous/*.changes
+	$(call give_back,$(BUILD))
 
 clean:
 	rm -rf $(BUILD) $(TRIXIE) .pytest_cache
