@@ -34,8 +34,8 @@ CHECK_DEPENDS := shellcheck python3-pytest lintian autopkgtest mmdebstrap uidmap
 # What the integration tests use: the containers of tests/integration/lib, then per tool.
 TOOLS := $(notdir $(wildcard bin/*))
 TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
-TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography qemu-utils \
-	qemu-system-x86 mmdebstrap e2fsprogs openssl
+TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography python3-asn1crypto \
+	openssl e2fsprogs qemu-utils qemu-system-x86 mmdebstrap
 TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
 	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT)) debian-archive-keyring
 TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps

@@ -28,7 +28,11 @@ from debadmin.tools import secureboot_ca_check_efi as efi
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
 REAL = DATA / "real"
+# Microsoft's objects: the source tree's copy, else (a copy of the tests run against the
+# installed package) the package's.
 PAYLOADS = Path(__file__).resolve().parents[2] / "data" / "secureboot_objects"
+if not PAYLOADS.is_dir():
+    PAYLOADS = Path("/usr/share/secureboot-ca-check/secureboot_objects")
 OVMF = Path("/usr/share/OVMF")
 SHIM = Path("/usr/lib/shim/shimx64.efi.signed")
 needs_ovmf = pytest.mark.skipif(

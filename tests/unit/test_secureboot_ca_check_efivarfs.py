@@ -459,3 +459,9 @@ def test_a_refused_write_is_reported_with_its_errno(tmpfs):
     assert "DBUpdate3P2023.bin: refused by the firmware: EFBIG" in result.stderr
     assert snapshot(root) == before
     assert errno.EFBIG and resource.RLIMIT_FSIZE and signal.SIGXFSZ
+
+
+def test_no_uefi_is_not_applicable(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, out, err = run(capsys, "--root", str(tmp_path / "empty"), "--fix", "--dry-run")
+    assert rc == 3 and "did not boot with UEFI" in err and out == ""

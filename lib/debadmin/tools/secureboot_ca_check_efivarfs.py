@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from cryptography import x509
 
-from debadmin.errors import Error
+from debadmin.errors import Error, NotApplicable
 from debadmin.output import emit_json
 from debadmin.tools import secureboot_ca_check_efi as efi
 from debadmin.tools import secureboot_ca_check_payloads as payloads
@@ -449,7 +449,12 @@ def cmd_fix_firmware(args) -> int:
     root = Path(args.root or "/")
     directory = Path(args.efivars) if dump else root / EFIVARS
     if not directory.is_dir():
-        raise Error(f"{directory}: no such directory (not booted with UEFI?)")
+        if dump:
+            raise Error(f"{directory}: no such directory")
+        raise NotApplicable(
+            f"{directory} does not exist: this system did not boot with UEFI "
+            "(or efivarfs is not mounted)"
+        )
     objects = payloads.load_objects(args.payloads, root)
     variables = efi.read_efivars(directory)
     arch = "amd64" if dump else machine_arch()  # Microsoft's files are the same for each

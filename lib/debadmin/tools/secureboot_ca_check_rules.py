@@ -156,7 +156,7 @@ def update_means(facts: Facts) -> Iterable[Finding]:
             "info",
             "secureboot-ca-check --fix can add "
             + ", ".join(ca for step in offline["steps"] for ca in step["adds"])
-            + " without the network, from Microsoft's signed objects shipped with it",
+            + " without the network, from Microsoft's published objects shipped with it",
             None,
             adds=[ca for step in offline["steps"] for ca in step["adds"]],
         )
