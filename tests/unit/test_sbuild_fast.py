@@ -1984,3 +1984,40 @@ def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
     if shutil.which("getfacl"):
         out = subprocess.run(["getfacl", "-cpn", str(home)], capture_output=True, text=True)
         assert "user:100000:--x" in out.stdout.split() and "group::---" in out.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "version, default",
+    [("0.85.0", "schroot"), ("0.89.3+deb13u4", "schroot"), ("0.90.0", "unshare"), (None, "schroot")],
+)
+def test_default_chroot_mode_by_sbuild_version(version, default):
+    # sbuild's default $chroot_mode became unshare in 0.90.0 (trixie's 0.89 is schroot)
+    assert sbs.default_chroot_mode(version) == default
+
+
+def test_configure_on_trixie_sets_unshare_and_says_why(home, monkeypatch, capsys):
+    # trixie's sbuild 0.89 defaults to schroot: without the block a plain 'sbuild -d trixie'
+    # fails with "not a member of group sbuild"; printed, the block comes with a note
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.89.3+deb13u4")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert sf.configure("unshare", False, False) == 0
+    out = capsys.readouterr().out
+    assert "$chroot_mode = 'unshare';" in out
+    assert "# sbuild 0.89.3+deb13u4 defaults to schroot mode (unshare from 0.90 on)" in out
+    assert "note: sbuild 0.89.3+deb13u4 defaults to schroot mode" in out
+    assert not (home / ".config/sbuild/config.pl").exists()
+    assert sf.configure("unshare", True, False) == 0
+    text = (home / ".config/sbuild/config.pl").read_text()
+    assert "\n$chroot_mode = 'unshare';\n" in text
+    assert "note:" not in capsys.readouterr().out  # written: nothing left to do by hand
+
+
+def test_configure_on_sbuild_090_needs_no_note(home, monkeypatch, capsys):
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.90.1")
+    assert sf.configure("unshare", False, False) == 0
+    out = capsys.readouterr().out
+    assert "$chroot_mode = 'unshare';" in out and "defaults to" not in out
+    assert sf.configure("schroot", False, False) == 0
+    out = capsys.readouterr().out
+    assert "# sbuild 0.90.1 defaults to unshare mode" in out
+    assert "note: sbuild 0.90.1 defaults to unshare mode" in out

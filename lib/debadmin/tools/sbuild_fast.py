@@ -742,8 +742,23 @@ SCHROOT_BUILDERS_NOTE = (
     "note: sbuild reads the configuration of the user who runs it: each builder in the "
     "sbuild group needs this block in their own ~/.sbuildrc (or "
     "~/.config/sbuild/config.pl), or at least 'sbuild --chroot-mode=schroot' (the default "
-    "mode of sbuild 0.87 and later is unshare)"
+    "mode of sbuild 0.90 and later is unshare)"
 )
+
+
+def default_mode_note(mode: str, sbuild_ver: Optional[str]) -> Optional[str]:
+    """What a plain 'sbuild -d DIST' does without the block, when that is not mode: sbuild
+    before 0.90 (bookworm's 0.85, trixie's 0.89) defaults to schroot mode and then fails
+    with 'not a member of group sbuild' for a user of unshare chroots."""
+    default = sbs.default_chroot_mode(sbuild_ver)
+    if default == mode:
+        return None
+    return (
+        f"note: sbuild {sbuild_ver or '(not installed)'} defaults to {default} mode "
+        f"(unshare from {sbs.UNSHARE_DEFAULT_MIN} on): a plain 'sbuild -d DIST' uses these "
+        f"chroots only with this block in place ('sbuild-fast create --configure'), or as "
+        f"'sbuild --chroot-mode={mode}'"
+    )
 
 
 def mib(size: int) -> str:
@@ -804,6 +819,9 @@ def configure(mode: str, write: bool, dry_run: bool, cache: bool = False) -> int
     else:
         print(f"sbuild settings for fast builds (add to {rc_path}, or rerun with --configure):")
         print(block, end="")
+        note = default_mode_note(mode, sbuild_ver)
+        if note:
+            print(note)
     if mode == "schroot":
         print(SCHROOT_BUILDERS_NOTE)
     return EXIT_OK

@@ -29,6 +29,9 @@ MARKER = "/etc/sbuild-fast"
 BASE_INCLUDE = ("fakeroot", "debhelper")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
 CONFIG_END = "# END sbuild-fast"
+# sbuild's default $chroot_mode became unshare in 0.90.0; bookworm's 0.85 and trixie's 0.89
+# default to schroot (0.89 with a warning), so a plain 'sbuild -d DIST' there needs the block.
+UNSHARE_DEFAULT_MIN = "0.90"
 MODES = ("unshare", "schroot")
 MAX_AGE_DAYS = 7  # the weekly refresh keeps chroots younger than this
 # Warn this long before sbuild >= 0.87 would re-create a tarball: the weekly timer's
@@ -230,6 +233,13 @@ def tmpfs_unpack_template(
     return None
 
 
+def default_chroot_mode(sbuild_ver: Optional[str]) -> str:
+    """The $chroot_mode sbuild uses when nobody sets one."""
+    if sbuild_ver and debver.at_least(sbuild_ver, UNSHARE_DEFAULT_MIN):
+        return "unshare"
+    return "schroot"
+
+
 def config_block(
     mode: str,
     sbuild_ver: Optional[str],
@@ -240,8 +250,13 @@ def config_block(
     the package cache to bind-mount in unshare mode (schroot mode's is in its fstab)."""
     lines = [
         f"{CONFIG_BEGIN} (written by 'sbuild-fast create --configure'; edits inside are lost)",
-        f"$chroot_mode = '{mode}';",
     ]
+    if default_chroot_mode(sbuild_ver) != mode:
+        lines.append(
+            f"# sbuild {sbuild_ver or ''} defaults to {default_chroot_mode(sbuild_ver)} mode "
+            f"(unshare from {UNSHARE_DEFAULT_MIN} on)".replace("  ", " ")
+        )
+    lines.append(f"$chroot_mode = '{mode}';")
     if mode == "unshare":
         if tmp_template:
             lines += [
