@@ -35,6 +35,8 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sbs, "tmpfs_unpack_template", lambda *args, **kwargs: None)
     # sbuild's own configuration is asked in the tests of sbuild_runs_lintian
     monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
+    # create tries the session backend on the real chroot: the integration tests do that
+    monkeypatch.setattr(sf, "session_backend", lambda recipe, dry_run: None)
     # the chroot's root, to whom the package cache's ACL grants write access
     monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
     # the system's schroot records stay out (a host with schroot chroots of its own)

@@ -245,18 +245,32 @@ def config_block(
     sbuild_ver: Optional[str],
     tmp_template: Optional[str],
     cache_dir: Optional[str] = None,
+    session_server: Optional[str] = None,
 ) -> str:
     """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc; cache_dir:
-    the package cache to bind-mount in unshare mode (schroot mode's is in its fstab)."""
+    the package cache to bind-mount in unshare mode (schroot mode's is in its fstab);
+    session_server: sbuild-fast's path, when plain builds go through its session backend
+    (sbuild's autopkgtest mode); the unshare settings stay for --chroot-mode=unshare."""
     lines = [
         f"{CONFIG_BEGIN} (written by 'sbuild-fast create --configure'; edits inside are lost)",
     ]
-    if default_chroot_mode(sbuild_ver) != mode:
+    sbuild_mode = "autopkgtest" if session_server and mode == "unshare" else mode
+    if default_chroot_mode(sbuild_ver) != sbuild_mode:
         lines.append(
             f"# sbuild {sbuild_ver or ''} defaults to {default_chroot_mode(sbuild_ver)} mode "
             f"(unshare from {UNSHARE_DEFAULT_MIN} on)".replace("  ", " ")
         )
-    lines.append(f"$chroot_mode = '{mode}';")
+    if sbuild_mode == "autopkgtest":
+        lines += [
+            "# One namespace set per build, entered per command: sbuild-fast's session",
+            "# backend, through sbuild's autopkgtest mode (the build without network,",
+            "# every process killed when the build ends, ids as unshare mode maps them).",
+            f"$chroot_mode = '{sbuild_mode}';",
+            f"$autopkgtest_virt_server = {perl_quote(session_server or '')};",
+            "$autopkgtest_virt_server_options = ['session', '--dist', '%r', '--arch', '%a'];",
+        ]
+    else:
+        lines.append(f"$chroot_mode = '{mode}';")
     if mode == "unshare":
         if tmp_template:
             lines += [
