@@ -755,12 +755,14 @@ SCHROOT_BUILDERS_NOTE = (
 )
 
 
-def default_mode_note(mode: str, sbuild_ver: Optional[str]) -> Optional[str]:
+def default_mode_note(
+    mode: str, sbuild_ver: Optional[str], sbuild_mode: Optional[str] = None
+) -> Optional[str]:
     """What a plain 'sbuild -d DIST' does without the block, when that is not mode: sbuild
     before 0.90 (bookworm's 0.85, trixie's 0.89) defaults to schroot mode and then fails
     with 'not a member of group sbuild' for a user of unshare chroots."""
     default = sbs.default_chroot_mode(sbuild_ver)
-    if default == mode:
+    if default == (sbuild_mode or mode):
         return None
     return (
         f"note: sbuild {sbuild_ver or '(not installed)'} defaults to {default} mode "
@@ -859,7 +861,7 @@ def configure(
     else:
         print(f"sbuild settings for fast builds (add to {rc_path}, or rerun with --configure):")
         print(block, end="")
-        note = default_mode_note("autopkgtest" if server else mode, sbuild_ver)
+        note = default_mode_note(mode, sbuild_ver, "autopkgtest" if server else mode)
         if note:
             print(note)
     if mode == "schroot":

@@ -193,6 +193,7 @@ class Session:
         self.mountpoint: Optional[Path] = None
         self.disk: Optional[str] = None
         self.errors: Optional[TextIO] = None
+        self.announce = True  # a line on stderr (sbuild's log) when it unpacks
 
     def open(self) -> str:
         uid = subid_range("subuid", self.user)
@@ -216,9 +217,18 @@ class Session:
                 resolv = Path("/etc/resolv.conf").read_text()
             except OSError:
                 resolv = "nameserver 127.0.0.53\n"  # systemd-resolved, as sbuild does
+            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available())
+            # sbuild's log says where the chroot comes from, as in unshare mode
+            if self.announce:
+                print(
+                    f"I: sbuild-fast session: unpacking {self.tarball} into "
+                    + ("a tmpfs of the session" if tmpfs else "a directory on disk"),
+                    file=sys.stderr,
+                    flush=True,
+                )
             args = {
                 "root": str(self.mountpoint),
-                "tmpfs": use_tmpfs(os.fstat(tar_fd).st_size, mem_available()),
+                "tmpfs": tmpfs,
                 "disk_parent": os.environ.get("TMPDIR") or "/var/tmp",
                 "binds": bind_args,
                 "tar_fd": tar_fd,
@@ -375,6 +385,7 @@ def self_test(session: "Session") -> float:
     """Start session, check what makes it as safe as unshare mode (the build's network
     namespace holds only lo; commands run as the namespace's root; close leaves no process),
     and return the median seconds a command costs through it."""
+    session.announce = False
     try:
         session.open()
         argv = session.exec_argv()
