@@ -149,3 +149,21 @@ def test_config_block_selects_the_session_backend():
     assert "$chroot_mode = 'unshare';" in plain and "autopkgtest" not in plain
     # schroot chroots never go through the session backend
     assert "autopkgtest" not in sbs.config_block("schroot", "0.85", None, None, "/x")
+
+
+def test_doctor_knows_the_session_backend():
+    from debadmin.tools import sbuild_fast_doctor as sfd
+
+    config = {"chroot_mode": "autopkgtest", "autopkgtest_virt_server": "/usr/bin/sbuild-fast"}
+    assert sbs.uses_session_backend(config)
+    assert not sbs.uses_session_backend(dict(config, autopkgtest_virt_server="/usr/bin/x"))
+    assert not sbs.uses_session_backend({"chroot_mode": "unshare"})
+    chroots = [{"mode": "unshare", "name": "bookworm-amd64"}]
+    facts = {"chroot_mode": "autopkgtest", "session_backend": True, "chroots": chroots}
+    (found,) = sfd.rule_chroot_mode(facts)
+    assert found["code"] == "session-backend" and found["severity"] == "info"
+    # another autopkgtest server leaves the sbuild-fast tarballs unused: action
+    (found,) = sfd.rule_chroot_mode(dict(facts, session_backend=False))
+    assert found["code"] == "chroot-mode" and found["severity"] == "action"
+    (found,) = sfd.rule_command_cost({"command_cost": {"session": 0.004}})
+    assert "4 ms with the session backend" in found["message"] and found["subject"] == "session"

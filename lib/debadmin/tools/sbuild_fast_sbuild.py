@@ -240,6 +240,14 @@ def default_chroot_mode(sbuild_ver: Optional[str]) -> str:
     return "schroot"
 
 
+def uses_session_backend(config: Dict[str, str]) -> bool:
+    """Whether sbuild's configuration (as sbuild reads it) sends plain builds through
+    sbuild-fast's session backend."""
+    return config.get("chroot_mode") == "autopkgtest" and os.path.basename(
+        config.get("autopkgtest_virt_server", "")
+    ) == "sbuild-fast"
+
+
 def config_block(
     mode: str,
     sbuild_ver: Optional[str],
@@ -312,6 +320,7 @@ SBUILD_CONFIG_KEYS = (
     "PURGE_BUILD_DEPS",
     "RUN_LINTIAN",
     "BUILD_DIR",
+    "AUTOPKGTEST_VIRT_SERVER",
 )
 # sbuild 0.87 and later only: asking an older sbuild for them is pointless.
 SBUILD_AUTO_CREATE_KEYS = (
