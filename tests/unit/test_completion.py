@@ -184,6 +184,8 @@ def test_sbuild_fast_offers_its_chroots(completions, tmp_path, monkeypatch):
     system = {p.name.rsplit("-", 1)[0] for p in Path("/var/lib/sbuild-fast").glob("*.json")}
     got = complete(completions, "sbuild-fast", "remove", "")
     assert got - system == {"bookworm", "trixie"}
-    assert complete(completions, "sbuild-fast", "update", "--dry-run", "tri") - system == {"trixie"}
+    assert complete(completions, "sbuild-fast", "update", "--dry-run", "tri") - system == {
+        "trixie"
+    }
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "none"))
     assert complete(completions, "sbuild-fast", "remove", "") == system

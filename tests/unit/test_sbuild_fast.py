@@ -1990,7 +1990,12 @@ def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     "version, default",
-    [("0.85.0", "schroot"), ("0.89.3+deb13u4", "schroot"), ("0.90.0", "unshare"), (None, "schroot")],
+    [
+        ("0.85.0", "schroot"),
+        ("0.89.3+deb13u4", "schroot"),
+        ("0.90.0", "unshare"),
+        (None, "schroot"),
+    ],
 )
 def test_default_chroot_mode_by_sbuild_version(version, default):
     # sbuild's default $chroot_mode became unshare in 0.90.0 (trixie's 0.89 is schroot)

@@ -16,7 +16,9 @@ from debadmin.tools import sbuild_fast_session as sfs
 def sbuild_decode(answer: str):
     """What sbuild's ChrootAutopkgtest.pm does with print-execute-command's answer."""
     assert answer.startswith("ok ")
-    return [re.sub("%([0-9A-Fa-f]{2})", lambda m: chr(int(m[1], 16)), a) for a in answer[3:].split(",")]
+    return [
+        re.sub("%([0-9A-Fa-f]{2})", lambda m: chr(int(m[1], 16)), a) for a in answer[3:].split(",")
+    ]
 
 
 def test_encode_argv_survives_sbuild_decoding():
@@ -40,8 +42,23 @@ def fake_nsenter(tmp_path: Path) -> Path:
     "command, offline",
     [
         # sbuild's build: env, runuser, cd, then dpkg-buildpackage (unshare mode: no network)
-        (["env", "A=1", "/sbin/runuser", "-u", "u", "--", "sh", "-c", "cd x", "exec",
-          "dpkg-buildpackage", "-us"], True),
+        (
+            [
+                "env",
+                "A=1",
+                "/sbin/runuser",
+                "-u",
+                "u",
+                "--",
+                "sh",
+                "-c",
+                "cd x",
+                "exec",
+                "dpkg-buildpackage",
+                "-us",
+            ],
+            True,
+        ),
         (["env", "/usr/bin/dpkg-buildpackage"], True),
         # apt as root, apt-get source as the user, lintian, copies: network as in unshare mode
         (["env", "A=1", "apt-get", "install", "-y", "dpkg-buildpackage-x"], False),

@@ -810,8 +810,10 @@ def session_backend(recipe: Dict, dry_run: bool) -> Optional[str]:
         return server
     sbuild_ver = sbs.sbuild_version()
     if not (sbuild_ver and debver.at_least(sbuild_ver, sfs.SBUILD_MIN)):
-        log.warning("sbuild %s has no autopkgtest mode to use: builds stay in unshare mode",
-                    sbuild_ver or "(not installed)")
+        log.warning(
+            "sbuild %s has no autopkgtest mode to use: builds stay in unshare mode",
+            sbuild_ver or "(not installed)",
+        )
         return None
     cache_dir = sbs.package_cache_dir("unshare")
     user = pwd.getpwuid(os.getuid()).pw_name
@@ -824,7 +826,9 @@ def session_backend(recipe: Dict, dry_run: bool) -> Optional[str]:
     try:
         cost = sfs.self_test(session)
     except Error as exc:
-        log.warning("the session backend does not work here (%s): builds stay in unshare mode", exc)
+        log.warning(
+            "the session backend does not work here (%s): builds stay in unshare mode", exc
+        )
         return None
     print(f"session backend: {cost * 1000:.1f} ms per command here")
     return server

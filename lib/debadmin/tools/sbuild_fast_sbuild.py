@@ -243,9 +243,10 @@ def default_chroot_mode(sbuild_ver: Optional[str]) -> str:
 def uses_session_backend(config: Dict[str, str]) -> bool:
     """Whether sbuild's configuration (as sbuild reads it) sends plain builds through
     sbuild-fast's session backend."""
-    return config.get("chroot_mode") == "autopkgtest" and os.path.basename(
-        config.get("autopkgtest_virt_server", "")
-    ) == "sbuild-fast"
+    return (
+        config.get("chroot_mode") == "autopkgtest"
+        and os.path.basename(config.get("autopkgtest_virt_server", "")) == "sbuild-fast"
+    )
 
 
 def config_block(

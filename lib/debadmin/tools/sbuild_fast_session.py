@@ -390,7 +390,9 @@ def self_test(session: "Session") -> float:
         session.open()
         argv = session.exec_argv()
         count = ["sh", "-c", "grep -c : /proc/net/dev"]
-        offline = subprocess.run([*argv, *count, "dpkg-buildpackage"], capture_output=True, text=True)
+        offline = subprocess.run(
+            [*argv, *count, "dpkg-buildpackage"], capture_output=True, text=True
+        )
         if offline.returncode != 0 or offline.stdout.strip() != "1":
             raise Error("the session's build would not be cut off the network")
         who = subprocess.run([*argv, "id", "-u"], capture_output=True, text=True)
