@@ -214,7 +214,7 @@ RECIPE = {
 def test_mmdebstrap_argv():
     argv = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert argv[:3] == ["mmdebstrap", "--mode=unshare", "--variant=buildd"]
-    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in argv
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in argv
     assert argv[-3:] == ["bookworm", "/c/out.tar", "http://deb.debian.org/debian"]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in argv
@@ -229,7 +229,7 @@ def test_mmdebstrap_argv():
 def test_mmdebstrap_argv_keep_docs_no_eatmydata():
     recipe = dict(RECIPE, keep_docs=True, eatmydata=False, include=[])
     argv = sf.mmdebstrap_argv(recipe, "/c/out.tar", "root")
-    assert "--include=fakeroot,debhelper" in argv
+    assert "--include=fakeroot,debhelper,passwd" in argv
     assert not any(a.startswith("--dpkgopt=") for a in argv)
     assert "Dir::Bin::dpkg" not in " ".join(argv)
     # man-db stays off either way
@@ -247,7 +247,7 @@ def test_mmdebstrap_refresh_argv_unshare():
     hooks = [a.split("=", 1)[1] for a in argv if a.startswith("--customize-hook=")]
     assert hooks[0] == 'chroot "$1" apt-get -q update'
     assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
-    assert hooks[2].endswith(" install fakeroot debhelper eatmydata dh-python")
+    assert hooks[2].endswith(" install fakeroot debhelper passwd eatmydata dh-python")
     assert hooks[3].endswith(" --purge autoremove")
     assert hooks[4:] == [sf.EATMYDATA_HOOK, sf.APPSTREAM_HOOK, sf.CLEANUP_HOOK]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
@@ -512,13 +512,13 @@ def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
     assert sf.main(["update", "bookworm"]) == 0
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
-    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in calls[0]
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in calls[0]
     argv = calls2[0]
     assert "--variant=custom" in argv
     assert any(
         a.startswith("--setup-hook=") and str(cache / "bookworm-amd64.tar") in a for a in argv
     )
-    assert any(a.endswith("install fakeroot debhelper eatmydata dh-python") for a in argv)
+    assert any(a.endswith("install fakeroot debhelper passwd eatmydata dh-python") for a in argv)
     assert not any(a.startswith("--dpkgopt=") for a in argv)  # --keep-docs was recorded
     assert sf.main(["update", "trixie"]) == 2
     # --recreate, and a tarball that has gone: built from the archive again
@@ -1185,7 +1185,9 @@ def test_update_rereads_the_record_under_the_lock(home, monkeypatch):
     # ... then a create with another recipe ran to completion before update got the lock
     assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
     sf.create_unshare(stale, cache, False, refresh=True, from_record=True)
-    assert any(a.endswith("install fakeroot debhelper eatmydata dh-python") for a in calls[-1])
+    assert any(
+        a.endswith("install fakeroot debhelper passwd eatmydata dh-python") for a in calls[-1]
+    )
     assert not any(a.startswith("--dpkgopt=") for a in calls[-1])
     (state,) = sbs.read_states(state_dir)
     assert state["include"] == ["dh-python"] and state["keep_docs"] is True
@@ -1324,7 +1326,7 @@ def test_lintian_is_preinstalled_when_sbuild_runs_it(tmp_path, monkeypatch):
     assert sf.sbuild_runs_lintian() is False
     recipe = dict(RECIPE, lintian=True)
     argv = sf.mmdebstrap_argv(recipe, "/out.tar", "unshare")
-    assert "--include=fakeroot,debhelper,eatmydata,lintian,dh-python" in argv
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,lintian,dh-python" in argv
     assert sf.recipe_from_state(dict(RECIPE, lintian=True))["lintian"] is True
     assert sf.recipe_from_state(RECIPE)["lintian"] is False  # a record from 0.1.0
 

@@ -26,7 +26,9 @@ EATMYDATA_DIR = "/usr/local/libexec/sbuild-fast"
 EATMYDATA_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-eatmydata"
 APPSTREAM_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-appstream"
 MARKER = "/etc/sbuild-fast"
-BASE_INCLUDE = ("fakeroot", "debhelper")
+# passwd: sbuild's autopkgtest mode (the session backend) adds its build user with groupadd
+# and useradd inside the chroot; trixie's buildd variant has no passwd (Priority: important).
+BASE_INCLUDE = ("fakeroot", "debhelper", "passwd")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
 CONFIG_END = "# END sbuild-fast"
 # sbuild's default $chroot_mode became unshare in 0.90.0; bookworm's 0.85 and trixie's 0.89

@@ -398,6 +398,15 @@ def self_test(session: "Session") -> float:
         who = subprocess.run([*argv, "id", "-u"], capture_output=True, text=True)
         if who.stdout.strip() != "0":
             raise Error("commands in the session do not run as its root")
+        # sbuild's autopkgtest mode adds its build user inside the chroot
+        tools = subprocess.run(
+            [*argv, "test", "-x", "/usr/sbin/groupadd", "-a", "-x", "/usr/sbin/useradd"]
+        )
+        if tools.returncode != 0:
+            raise Error(
+                "the chroot has no groupadd and useradd (passwd): "
+                "run 'sbuild-fast update --recreate'"
+            )
         cost = timed_command_cost(argv)
         init = session.init_pid
     finally:
