@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import struct
@@ -2030,3 +2031,25 @@ def test_configure_on_sbuild_090_needs_no_note(home, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "# sbuild 0.90.1 defaults to unshare mode" in out
     assert "note: sbuild 0.90.1 defaults to unshare mode" in out
+
+
+def test_run_mmdebstrap_reports_its_stages_and_times(tmp_path, monkeypatch, capsys):
+    # Issue 26: create says what it is doing and for how long while mmdebstrap runs.
+    tool = tmp_path / "mmdebstrap"
+    tool.write_text(
+        "#!/bin/sh\necho 'I: downloading packages with apt...' >&2\necho 'Get:1 x'\n"
+        "sleep 1.5\necho 'I: extracting archives...' >&2\n"
+        'echo "E: broken $1" >&2\nexit "$1"\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setattr(sf, "PROGRESS_EVERY", 1.0)
+    sf.run_mmdebstrap([str(tool), "0"])
+    err = capsys.readouterr().err
+    assert "sbuild-fast: [0:00] downloading packages with apt..." in err
+    assert "sbuild-fast: [0:01] still: downloading packages with apt..." in err
+    assert re.search(r"\[0:0[12]\] extracting archives\.\.\.", err)
+    assert "mmdebstrap done in 0:0" in err and "Get:1" not in err
+    with pytest.raises(Error, match="exit status 3"):
+        sf.run_mmdebstrap([str(tool), "3"])
+    err = capsys.readouterr().err
+    assert "mmdebstrap: Get:1 x" in err and "mmdebstrap: E: broken 3" in err

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -294,8 +295,6 @@ def _tail(recipe: Dict, output: str) -> List[str]:
         argv.append(f"--customize-hook={cache_hook(recipe['eatmydata'])}")
     argv.append(f"--customize-hook={CLEANUP_HOOK}")
     argv.append("--skip=cleanup/apt/lists")
-    if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
-        argv.append("--quiet")
     return argv + [recipe["dist"], output, recipe["mirror"]]
 
 
@@ -349,13 +348,6 @@ def mmdebstrap_refresh_argv(recipe: Dict, source: str, output: str, mode: str) -
     return argv + _tail(recipe, output)
 
 
-def _stderr_is_tty() -> bool:
-    try:
-        return os.isatty(2)
-    except OSError:
-        return False
-
-
 _TERMINATING = False
 
 
@@ -366,20 +358,80 @@ def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt
 
 
+# While mmdebstrap runs (minutes), what it is doing and for how long: its own "I:" lines,
+# each with the time since the start, and the current one again after this many quiet
+# seconds; the rest of its output is kept for when it fails.
+PROGRESS_EVERY = 30.0
+OUTPUT_KEPT = 25
+
+
+class Progress:
+    """mmdebstrap's output read on a thread: stages reported on stderr (unless -q)."""
+
+    def __init__(self, stream, start: float) -> None:
+        self.stream = stream
+        self.start = start
+        self.stage = "starting mmdebstrap"
+        self.last_report = start
+        self.tail: List[str] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def report(self, text: str) -> None:
+        self.last_report = time.monotonic()
+        minutes, seconds = divmod(int(self.last_report - self.start), 60)
+        if log.getEffectiveLevel() <= logging.WARNING:
+            print(f"{PROG}: [{minutes}:{seconds:02d}] {text}", file=sys.stderr, flush=True)
+
+    def _read(self) -> None:
+        for line in self.stream:
+            line = line.rstrip("\n")
+            with self.lock:
+                self.tail = (self.tail + [line])[-OUTPUT_KEPT:]
+                if line.startswith("I: "):
+                    self.stage = line[3:].strip()
+                    self.report(self.stage)
+
+    def tick(self) -> None:
+        with self.lock:
+            if time.monotonic() - self.last_report >= PROGRESS_EVERY:
+                self.report(f"still: {self.stage}")
+
+
 def run_mmdebstrap(argv: List[str]) -> None:
     """Run mmdebstrap in /; an interrupt (SIGINT/SIGTERM) stops it and waits for its cleanup.
 
     Not in the caller's directory: mmdebstrap's hooks run as the namespace's root, who
     cannot enter a home directory of mode 0700 (trixie's useradd default), and find(1)
-    fails when it cannot return to its starting directory."""
+    fails when it cannot return to its starting directory. With -v its output goes
+    straight to stderr; else its stages are reported with their times (Progress)."""
     log.info("running: %s", " ".join(argv))
     env = dict(os.environ, LC_ALL="C.UTF-8")
+    verbose = log.getEffectiveLevel() <= logging.DEBUG
+    start = time.monotonic()
     try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/")
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=None if verbose else subprocess.PIPE,
+            stderr=None if verbose else subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            cwd="/",
+        )
     except FileNotFoundError:
         raise Error("mmdebstrap: command not found") from None
+    progress = None if verbose else Progress(child.stdout, start)
     try:
-        rc = child.wait()
+        while True:
+            try:
+                rc = child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if progress:
+                    progress.tick()
     except KeyboardInterrupt:
         # mmdebstrap removes its own temporary tree when terminated.
         with contextlib.suppress(ProcessLookupError):
@@ -389,7 +441,19 @@ def run_mmdebstrap(argv: List[str]) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        if progress:
+            progress.thread.join(timeout=5)
+            progress.stream.close()
         raise
+    if progress:
+        progress.thread.join(timeout=5)
+        progress.stream.close()
+        elapsed = int(time.monotonic() - start)
+        if rc != 0:
+            for line in progress.tail:
+                print(f"mmdebstrap: {line}", file=sys.stderr)
+        else:
+            progress.report(f"mmdebstrap done in {elapsed // 60}:{elapsed % 60:02d}")
     if rc != 0:
         raise Error(f"mmdebstrap failed with exit status {rc}")
 
