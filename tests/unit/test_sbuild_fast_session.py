@@ -184,3 +184,15 @@ def test_doctor_knows_the_session_backend():
     assert found["code"] == "chroot-mode" and found["severity"] == "action"
     (found,) = sfd.rule_command_cost({"command_cost": {"session": 0.004}})
     assert "4 ms with the session backend" in found["message"] and found["subject"] == "session"
+
+
+def test_doctor_does_not_offer_schroot_to_session_backend_users():
+    from debadmin.tools import sbuild_fast_doctor as sfd
+
+    facts = {
+        "chroots": [{"mode": "unshare"}],
+        "schroot_installed": True,
+        "tmpfs_overlay": {"fits": True, "reason": ""},
+    }
+    assert [f["code"] for f in sfd.rule_schroot_mode(facts)] == ["schroot-faster"]
+    assert sfd.rule_schroot_mode(dict(facts, session_backend=True)) == []

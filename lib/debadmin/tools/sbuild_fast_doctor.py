@@ -696,10 +696,12 @@ def rule_schroot_overlay(facts: Facts) -> Findings:
 
 def rule_schroot_mode(facts: Facts) -> Findings:
     """schroot mode with its overlay on tmpfs is sbuild's fastest mode: say so to a user of
-    unshare chroots on a host that could have one."""
+    unshare chroots on a host that could have one, unless the session backend (below
+    schroot mode's cost per command) is what their builds use."""
     chroots = facts["chroots"]
     if (
         not chroots
+        or facts.get("session_backend")
         or any(c["mode"] == "schroot" for c in chroots)
         or not facts.get("schroot_installed")
         or not facts["tmpfs_overlay"]["fits"]
