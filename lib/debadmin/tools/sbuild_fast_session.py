@@ -62,7 +62,7 @@ TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the 
 # exec, so init keeps its capabilities there). It mounts and unpacks, chroots, reports 'ready', and
 # then only reaps orphans (pid 1 of the namespace) until it is killed.
 INIT = r"""
-import fcntl, json, os, signal, socket, struct, subprocess, sys, tempfile
+import fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
 a = json.loads(sys.argv[1])
 os.umask(0o022)
 root = a["root"]
@@ -122,15 +122,21 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
 os.chroot(root)
 os.chdir("/")
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
 print("ready", flush=True)
 os.close(1)
 os.open("/dev/null", os.O_WRONLY)
-while True:
-    try:
-        os.waitpid(-1, 0)
-    except ChildProcessError:
-        signal.sigwaitinfo([signal.SIGCHLD])
+# The server holds the other end of this pipe: when it goes (closed, killed, or its
+# parent sbuild killed with it), init exits, and the kernel kills the whole session.
+# (unshare's --kill-child does not outlive --setuid: the credential change clears it.)
+alive = select.poll()
+alive.register(a["alive_fd"], select.POLLIN | select.POLLHUP)
+while not alive.poll(1000):
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
 """
 
 
@@ -194,6 +200,7 @@ class Session:
         self.disk: Optional[str] = None
         self.errors: Optional[TextIO] = None
         self.announce = True  # a line on stderr (sbuild's log) when it unpacks
+        self.alive_w: Optional[int] = None
 
     def open(self) -> str:
         uid = subid_range("subuid", self.user)
@@ -234,6 +241,11 @@ class Session:
                 "tar_fd": tar_fd,
                 "resolv": resolv,
             }
+            # init lives while this end is open: closed by close(), or by the kernel when
+            # this server dies, however it dies
+            alive_r, self.alive_w = os.pipe()
+            fds.append(alive_r)
+            args["alive_fd"] = alive_r
             # unshare's and init's complaints: shown when the session does not start
             self.errors = tempfile.TemporaryFile(mode="w+")
             self.proc = subprocess.Popen(
@@ -291,6 +303,9 @@ class Session:
     def close(self) -> None:
         """Kill pid 1 of the session (the kernel then kills every process in it), wait for
         it, and remove what is left on the host."""
+        if self.alive_w is not None:
+            os.close(self.alive_w)
+            self.alive_w = None
         if self.proc is not None:
             with _suppress_missing():
                 if self.init_pid:
