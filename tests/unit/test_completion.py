@@ -172,3 +172,20 @@ def test_generated_files_are_shellcheck_clean(completions):
 def test_generator_usage_error(capsys):
     assert GEN.main([]) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_sbuild_fast_offers_its_chroots(completions, tmp_path, monkeypatch):
+    # sbuild-fast's records (DIST-ARCH.json) name the chroots 'update' and 'remove' take.
+    records = tmp_path / "cache/sbuild/.sbuild-fast"
+    records.mkdir(parents=True)
+    for name in ("bookworm-amd64", "trixie-arm64", "bookworm-i386"):
+        (records / f"{name}.json").write_text("{}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    system = {p.name.rsplit("-", 1)[0] for p in Path("/var/lib/sbuild-fast").glob("*.json")}
+    got = complete(completions, "sbuild-fast", "remove", "")
+    assert got - system == {"bookworm", "trixie"}
+    assert complete(completions, "sbuild-fast", "update", "--dry-run", "tri") - system == {
+        "trixie"
+    }
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "none"))
+    assert complete(completions, "sbuild-fast", "remove", "") == system

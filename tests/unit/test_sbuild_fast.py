@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import struct
@@ -35,6 +36,8 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setattr(sbs, "tmpfs_unpack_template", lambda *args, **kwargs: None)
     # sbuild's own configuration is asked in the tests of sbuild_runs_lintian
     monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
+    # create tries the session backend on the real chroot: the integration tests do that
+    monkeypatch.setattr(sf, "session_backend", lambda recipe, dry_run: None)
     # the chroot's root, to whom the package cache's ACL grants write access
     monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
     # the system's schroot records stay out (a host with schroot chroots of its own)
@@ -212,7 +215,7 @@ RECIPE = {
 def test_mmdebstrap_argv():
     argv = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert argv[:3] == ["mmdebstrap", "--mode=unshare", "--variant=buildd"]
-    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in argv
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in argv
     assert argv[-3:] == ["bookworm", "/c/out.tar", "http://deb.debian.org/debian"]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in argv
@@ -227,7 +230,7 @@ def test_mmdebstrap_argv():
 def test_mmdebstrap_argv_keep_docs_no_eatmydata():
     recipe = dict(RECIPE, keep_docs=True, eatmydata=False, include=[])
     argv = sf.mmdebstrap_argv(recipe, "/c/out.tar", "root")
-    assert "--include=fakeroot,debhelper" in argv
+    assert "--include=fakeroot,debhelper,passwd" in argv
     assert not any(a.startswith("--dpkgopt=") for a in argv)
     assert "Dir::Bin::dpkg" not in " ".join(argv)
     # man-db stays off either way
@@ -245,7 +248,7 @@ def test_mmdebstrap_refresh_argv_unshare():
     hooks = [a.split("=", 1)[1] for a in argv if a.startswith("--customize-hook=")]
     assert hooks[0] == 'chroot "$1" apt-get -q update'
     assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
-    assert hooks[2].endswith(" install fakeroot debhelper eatmydata dh-python")
+    assert hooks[2].endswith(" install fakeroot debhelper passwd eatmydata dh-python")
     assert hooks[3].endswith(" --purge autoremove")
     assert hooks[4:] == [sf.EATMYDATA_HOOK, sf.APPSTREAM_HOOK, sf.CLEANUP_HOOK]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
@@ -514,13 +517,13 @@ def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
     assert sf.main(["update", "bookworm"]) == 0
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
-    assert "--include=fakeroot,debhelper,eatmydata,dh-python" in calls[0]
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in calls[0]
     argv = calls2[0]
     assert "--variant=custom" in argv
     assert any(
         a.startswith("--setup-hook=") and str(cache / "bookworm-amd64.tar") in a for a in argv
     )
-    assert any(a.endswith("install fakeroot debhelper eatmydata dh-python") for a in argv)
+    assert any(a.endswith("install fakeroot debhelper passwd eatmydata dh-python") for a in argv)
     assert not any(a.startswith("--dpkgopt=") for a in argv)  # --keep-docs was recorded
     assert sf.main(["update", "trixie"]) == 2
     # --recreate, and a tarball that has gone: built from the archive again
@@ -1191,7 +1194,9 @@ def test_update_rereads_the_record_under_the_lock(home, monkeypatch):
     # ... then a create with another recipe ran to completion before update got the lock
     assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
     sf.create_unshare(stale, cache, False, refresh=True, from_record=True)
-    assert any(a.endswith("install fakeroot debhelper eatmydata dh-python") for a in calls[-1])
+    assert any(
+        a.endswith("install fakeroot debhelper passwd eatmydata dh-python") for a in calls[-1]
+    )
     assert not any(a.startswith("--dpkgopt=") for a in calls[-1])
     (state,) = sbs.read_states(state_dir)
     assert state["include"] == ["dh-python"] and state["keep_docs"] is True
@@ -1330,7 +1335,7 @@ def test_lintian_is_preinstalled_when_sbuild_runs_it(tmp_path, monkeypatch):
     assert sf.sbuild_runs_lintian() is False
     recipe = dict(RECIPE, lintian=True)
     argv = sf.mmdebstrap_argv(recipe, "/out.tar", "unshare")
-    assert "--include=fakeroot,debhelper,eatmydata,lintian,dh-python" in argv
+    assert "--include=fakeroot,debhelper,passwd,eatmydata,lintian,dh-python" in argv
     assert sf.recipe_from_state(dict(RECIPE, lintian=True))["lintian"] is True
     assert sf.recipe_from_state(RECIPE)["lintian"] is False  # a record from 0.1.0
 
@@ -1997,3 +2002,67 @@ def test_cache_dir_reachable_through_a_private_home(tmp_path, caplog):
     if shutil.which("getfacl"):
         out = subprocess.run(["getfacl", "-cpn", str(home)], capture_output=True, text=True)
         assert "user:100000:--x" in out.stdout.split() and "group::---" in out.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "version, default",
+    [
+        ("0.85.0", "schroot"),
+        ("0.89.3+deb13u4", "schroot"),
+        ("0.90.0", "unshare"),
+        (None, "schroot"),
+    ],
+)
+def test_default_chroot_mode_by_sbuild_version(version, default):
+    # sbuild's default $chroot_mode became unshare in 0.90.0 (trixie's 0.89 is schroot)
+    assert sbs.default_chroot_mode(version) == default
+
+
+def test_configure_on_trixie_sets_unshare_and_says_why(home, monkeypatch, capsys):
+    # trixie's sbuild 0.89 defaults to schroot: without the block a plain 'sbuild -d trixie'
+    # fails with "not a member of group sbuild"; printed, the block comes with a note
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.89.3+deb13u4")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert sf.configure("unshare", False, False) == 0
+    out = capsys.readouterr().out
+    assert "$chroot_mode = 'unshare';" in out
+    assert "# sbuild 0.89.3+deb13u4 defaults to schroot mode (unshare from 0.90 on)" in out
+    assert "note: sbuild 0.89.3+deb13u4 defaults to schroot mode" in out
+    assert not (home / ".config/sbuild/config.pl").exists()
+    assert sf.configure("unshare", True, False) == 0
+    text = (home / ".config/sbuild/config.pl").read_text()
+    assert "\n$chroot_mode = 'unshare';\n" in text
+    assert "note:" not in capsys.readouterr().out  # written: nothing left to do by hand
+
+
+def test_configure_on_sbuild_090_needs_no_note(home, monkeypatch, capsys):
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.90.1")
+    assert sf.configure("unshare", False, False) == 0
+    out = capsys.readouterr().out
+    assert "$chroot_mode = 'unshare';" in out and "defaults to" not in out
+    assert sf.configure("schroot", False, False) == 0
+    out = capsys.readouterr().out
+    assert "# sbuild 0.90.1 defaults to unshare mode" in out
+    assert "note: sbuild 0.90.1 defaults to unshare mode" in out
+
+
+def test_run_mmdebstrap_reports_its_stages_and_times(tmp_path, monkeypatch, capsys):
+    # Issue 26: create says what it is doing and for how long while mmdebstrap runs.
+    tool = tmp_path / "mmdebstrap"
+    tool.write_text(
+        "#!/bin/sh\necho 'I: downloading packages with apt...' >&2\necho 'Get:1 x'\n"
+        "sleep 1.5\necho 'I: extracting archives...' >&2\n"
+        'echo "E: broken $1" >&2\nexit "$1"\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setattr(sf, "PROGRESS_EVERY", 1.0)
+    sf.run_mmdebstrap([str(tool), "0"])
+    err = capsys.readouterr().err
+    assert "sbuild-fast: [0:00] downloading packages with apt..." in err
+    assert "sbuild-fast: [0:01] still: downloading packages with apt..." in err
+    assert re.search(r"\[0:0[12]\] extracting archives\.\.\.", err)
+    assert "mmdebstrap done in 0:0" in err and "Get:1" not in err
+    with pytest.raises(Error, match="exit status 3"):
+        sf.run_mmdebstrap([str(tool), "3"])
+    err = capsys.readouterr().err
+    assert "mmdebstrap: Get:1 x" in err and "mmdebstrap: E: broken 3" in err

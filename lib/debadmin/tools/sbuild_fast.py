@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -22,6 +23,7 @@ from debadmin.errors import EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.tools import sbuild_fast_doctor as sfd
 from debadmin.tools import sbuild_fast_sbuild as sbs
+from debadmin.tools import sbuild_fast_session as sfs
 
 PROG = "sbuild-fast"
 log = logging.getLogger("debadmin")
@@ -293,8 +295,6 @@ def _tail(recipe: Dict, output: str) -> List[str]:
         argv.append(f"--customize-hook={cache_hook(recipe['eatmydata'])}")
     argv.append(f"--customize-hook={CLEANUP_HOOK}")
     argv.append("--skip=cleanup/apt/lists")
-    if log.getEffectiveLevel() > logging.DEBUG and not _stderr_is_tty():
-        argv.append("--quiet")
     return argv + [recipe["dist"], output, recipe["mirror"]]
 
 
@@ -348,13 +348,6 @@ def mmdebstrap_refresh_argv(recipe: Dict, source: str, output: str, mode: str) -
     return argv + _tail(recipe, output)
 
 
-def _stderr_is_tty() -> bool:
-    try:
-        return os.isatty(2)
-    except OSError:
-        return False
-
-
 _TERMINATING = False
 
 
@@ -365,20 +358,80 @@ def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt
 
 
+# While mmdebstrap runs (minutes), what it is doing and for how long: its own "I:" lines,
+# each with the time since the start, and the current one again after this many quiet
+# seconds; the rest of its output is kept for when it fails.
+PROGRESS_EVERY = 30.0
+OUTPUT_KEPT = 25
+
+
+class Progress:
+    """mmdebstrap's output read on a thread: stages reported on stderr (unless -q)."""
+
+    def __init__(self, stream, start: float) -> None:
+        self.stream = stream
+        self.start = start
+        self.stage = "starting mmdebstrap"
+        self.last_report = start
+        self.tail: List[str] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def report(self, text: str) -> None:
+        self.last_report = time.monotonic()
+        minutes, seconds = divmod(int(self.last_report - self.start), 60)
+        if log.getEffectiveLevel() <= logging.WARNING:
+            print(f"{PROG}: [{minutes}:{seconds:02d}] {text}", file=sys.stderr, flush=True)
+
+    def _read(self) -> None:
+        for line in self.stream:
+            line = line.rstrip("\n")
+            with self.lock:
+                self.tail = (self.tail + [line])[-OUTPUT_KEPT:]
+                if line.startswith("I: "):
+                    self.stage = line[3:].strip()
+                    self.report(self.stage)
+
+    def tick(self) -> None:
+        with self.lock:
+            if time.monotonic() - self.last_report >= PROGRESS_EVERY:
+                self.report(f"still: {self.stage}")
+
+
 def run_mmdebstrap(argv: List[str]) -> None:
     """Run mmdebstrap in /; an interrupt (SIGINT/SIGTERM) stops it and waits for its cleanup.
 
     Not in the caller's directory: mmdebstrap's hooks run as the namespace's root, who
     cannot enter a home directory of mode 0700 (trixie's useradd default), and find(1)
-    fails when it cannot return to its starting directory."""
+    fails when it cannot return to its starting directory. With -v its output goes
+    straight to stderr; else its stages are reported with their times (Progress)."""
     log.info("running: %s", " ".join(argv))
     env = dict(os.environ, LC_ALL="C.UTF-8")
+    verbose = log.getEffectiveLevel() <= logging.DEBUG
+    start = time.monotonic()
     try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd="/")
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=None if verbose else subprocess.PIPE,
+            stderr=None if verbose else subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            cwd="/",
+        )
     except FileNotFoundError:
         raise Error("mmdebstrap: command not found") from None
+    progress = None if verbose else Progress(child.stdout, start)
     try:
-        rc = child.wait()
+        while True:
+            try:
+                rc = child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if progress:
+                    progress.tick()
     except KeyboardInterrupt:
         # mmdebstrap removes its own temporary tree when terminated.
         with contextlib.suppress(ProcessLookupError):
@@ -388,7 +441,19 @@ def run_mmdebstrap(argv: List[str]) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        if progress:
+            progress.thread.join(timeout=5)
+            progress.stream.close()
         raise
+    if progress:
+        progress.thread.join(timeout=5)
+        progress.stream.close()
+        elapsed = int(time.monotonic() - start)
+        if rc != 0:
+            for line in progress.tail:
+                print(f"mmdebstrap: {line}", file=sys.stderr)
+        else:
+            progress.report(f"mmdebstrap done in {elapsed // 60}:{elapsed % 60:02d}")
     if rc != 0:
         raise Error(f"mmdebstrap failed with exit status {rc}")
 
@@ -721,8 +786,16 @@ def cmd_create(args: argparse.Namespace) -> int:
     build_chroot(recipe, args.dry_run, "write", "created")
     if recipe["cache"]:
         tend_cache(recipe["mode"], args.dry_run, cache_max)
-    rc = configure(recipe["mode"], args.configure, args.dry_run, recipe["cache"])
-    if recipe["mode"] == "unshare" and shutil.which("schroot") and sbs.tmpfs_overlay_fit()[0]:
+    server = None
+    if recipe["mode"] == "unshare" and args.backend == "session":
+        server = session_backend(recipe, args.dry_run)
+    rc = configure(recipe["mode"], args.configure, args.dry_run, recipe["cache"], server)
+    if (
+        recipe["mode"] == "unshare"
+        and not server
+        and shutil.which("schroot")
+        and sbs.tmpfs_overlay_fit()[0]
+    ):
         print(SCHROOT_FASTER_NOTE)
     return rc
 
@@ -742,8 +815,25 @@ SCHROOT_BUILDERS_NOTE = (
     "note: sbuild reads the configuration of the user who runs it: each builder in the "
     "sbuild group needs this block in their own ~/.sbuildrc (or "
     "~/.config/sbuild/config.pl), or at least 'sbuild --chroot-mode=schroot' (the default "
-    "mode of sbuild 0.87 and later is unshare)"
+    "mode of sbuild 0.90 and later is unshare)"
 )
+
+
+def default_mode_note(
+    mode: str, sbuild_ver: Optional[str], sbuild_mode: Optional[str] = None
+) -> Optional[str]:
+    """What a plain 'sbuild -d DIST' does without the block, when that is not mode: sbuild
+    before 0.90 (bookworm's 0.85, trixie's 0.89) defaults to schroot mode and then fails
+    with 'not a member of group sbuild' for a user of unshare chroots."""
+    default = sbs.default_chroot_mode(sbuild_ver)
+    if default == (sbuild_mode or mode):
+        return None
+    return (
+        f"note: sbuild {sbuild_ver or '(not installed)'} defaults to {default} mode "
+        f"(unshare from {sbs.UNSHARE_DEFAULT_MIN} on): a plain 'sbuild -d DIST' uses these "
+        f"chroots only with this block in place ('sbuild-fast create --configure'), or as "
+        f"'sbuild --chroot-mode={mode}'"
+    )
 
 
 def mib(size: int) -> str:
@@ -775,7 +865,42 @@ def tend_cache(mode: str, dry_run: bool, cache_max: Optional[int] = None) -> Non
     )
 
 
-def configure(mode: str, write: bool, dry_run: bool, cache: bool = False) -> int:
+def session_backend(recipe: Dict, dry_run: bool) -> Optional[str]:
+    """sbuild-fast's path for the block, when its session backend works here as safely as
+    unshare mode (tried on the new chroot: network off for the build, root inside, nothing
+    left after close); else None, with a warning, and plain builds stay in unshare mode."""
+    server = shutil.which(PROG) or f"/usr/bin/{PROG}"
+    if dry_run:
+        return server
+    sbuild_ver = sbs.sbuild_version()
+    if not (sbuild_ver and debver.at_least(sbuild_ver, sfs.SBUILD_MIN)):
+        log.warning(
+            "sbuild %s has no autopkgtest mode to use: builds stay in unshare mode",
+            sbuild_ver or "(not installed)",
+        )
+        return None
+    cache_dir = sbs.package_cache_dir("unshare")
+    user = pwd.getpwuid(os.getuid()).pw_name
+    session = sfs.Session(
+        sbs.user_cache_dir() / f"{recipe['name']}.tar",
+        user,
+        sfs.default_binds(recipe, cache_dir),
+        sfs.mountpoint_parent(),
+    )
+    try:
+        cost = sfs.self_test(session)
+    except Error as exc:
+        log.warning(
+            "the session backend does not work here (%s): builds stay in unshare mode", exc
+        )
+        return None
+    print(f"session backend: {cost * 1000:.1f} ms per command here")
+    return server
+
+
+def configure(
+    mode: str, write: bool, dry_run: bool, cache: bool = False, server: Optional[str] = None
+) -> int:
     sbuild_ver = sbs.sbuild_version()
     cache_dir = str(sbs.package_cache_dir(mode)) if cache and mode == "unshare" else None
     if cache_dir and not (sbuild_ver and debver.at_least(sbuild_ver, sbs.UNSHARE_BIND_MOUNTS_MIN)):
@@ -783,7 +908,7 @@ def configure(mode: str, write: bool, dry_run: bool, cache: bool = False) -> int
             "sbuild %s cannot bind-mount the package cache: builds go without it",
             sbuild_ver or "(not installed)",
         )
-    block = sbs.config_block(mode, sbuild_ver, sbs.tmpfs_unpack_template(), cache_dir)
+    block = sbs.config_block(mode, sbuild_ver, sbs.tmpfs_unpack_template(), cache_dir, server)
     rc_path = sbs.sbuildrc_path(sbuild_ver=sbuild_ver)
     current = fsutil.read_text(rc_path) or ""
     merged = sbs.merge_config(current, block)
@@ -804,6 +929,9 @@ def configure(mode: str, write: bool, dry_run: bool, cache: bool = False) -> int
     else:
         print(f"sbuild settings for fast builds (add to {rc_path}, or rerun with --configure):")
         print(block, end="")
+        note = default_mode_note(mode, sbuild_ver, "autopkgtest" if server else mode)
+        if note:
+            print(note)
     if mode == "schroot":
         print(SCHROOT_BUILDERS_NOTE)
     return EXIT_OK
@@ -947,6 +1075,25 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- session: sbuild's autopkgtest-mode virt server ----------------------------------------
+
+
+def cmd_session(args: argparse.Namespace) -> int:
+    """Speak the autopkgtest virt server protocol on stdin/stdout for one sbuild run."""
+    dist = sbs.validate_dist(args.dist)
+    arch = sbs.validate_arch(args.arch or host_arch())
+    name = sbs.chroot_name(dist, arch)
+    cache_dir = sbs.user_cache_dir()
+    state = sbs.load_state(cache_dir / sbs.STATE_SUBDIR / f"{name}.json")
+    if state is None or state.get("mode") != "unshare":
+        raise Error(f"no sbuild-fast chroot {name}: run 'sbuild-fast create --dist {dist}'")
+    tarball = Path(state["path"])
+    binds = sfs.default_binds(state, sbs.package_cache_dir("unshare"))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    session = sfs.Session(tarball, user, binds, sfs.mountpoint_parent())
+    return sfs.serve(session, sys.stdin, sys.stdout)
+
+
 # --- doctor -------------------------------------------------------------------------------
 
 
@@ -1020,6 +1167,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache_max_option(create)
     create.add_argument(
+        "--backend",
+        choices=("session", "unshare"),
+        default="session",
+        help="what a plain 'sbuild -d DIST' uses for an unshare chroot (--configure): "
+        "sbuild-fast's session backend (default, where it works) or sbuild's unshare mode",
+    )
+    create.add_argument(
         "--configure",
         action="store_true",
         help="write the sbuild settings block to the sbuild configuration file "
@@ -1057,6 +1211,14 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(remove)
     remove.set_defaults(func=cmd_remove)
+
+    session = sub.add_parser(
+        "session", help="autopkgtest virt server for sbuild (run by sbuild, not by hand)"
+    )
+    session.add_argument("--dist", required=True, help="distribution")
+    session.add_argument("--arch", help="architecture (default: the host's)")
+    cli.add_verbosity(session)
+    session.set_defaults(func=cmd_session)
 
     doctor = sub.add_parser("doctor", help="find what slows builds down")
     doctor.add_argument(

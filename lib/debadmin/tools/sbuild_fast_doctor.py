@@ -19,6 +19,7 @@ from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.output import emit_json
 from debadmin.tools import sbuild_fast_sbuild as sbs
+from debadmin.tools import sbuild_fast_session as sfs
 
 Facts = Dict
 Findings = List[Dict]
@@ -283,7 +284,9 @@ def gather_facts(
         "uid": uid,
         "cache_dir": str(cache_dir),
         "chroot_mode": mode,
-        "unshare_used": mode == "unshare" or any(s["mode"] == "unshare" for s in states),
+        "session_backend": sbs.uses_session_backend(config),
+        "unshare_used": mode in ("unshare", "autopkgtest")
+        or any(s["mode"] == "unshare" for s in states),
     }
     # A user with no chroot yet is about to make one in unshare mode, the default.
     if facts["unshare_used"] or (not states and uid != 0):
@@ -317,6 +320,10 @@ def gather_facts(
     if cost_probe:
         if facts["unshare_used"]:
             facts["command_cost"]["unshare"] = cost_probe("unshare", None)
+            for chroot in facts["chroots"]:
+                if chroot["mode"] == "unshare" and chroot["present"]:
+                    facts["command_cost"]["session"] = cost_probe("session", chroot["name"])
+                    break
         for chroot in facts["chroots"]:
             if chroot["mode"] == "schroot" and chroot["present"]:
                 cost = cost_probe("schroot", f"{chroot['name']}-sbuild-fast")
@@ -329,7 +336,27 @@ def command_cost(mode: str, chroot: Optional[str]) -> Optional[float]:
     """gather()'s cost_probe: one sbuild-style command in the chroot, timed."""
     if mode == "unshare":
         return sbs.unshare_command_cost(sbs.sbuild_version())
+    if mode == "session":
+        return session_command_cost(chroot) if chroot else None
     return sbs.schroot_command_cost(chroot) if chroot else None
+
+
+def session_command_cost(name: str) -> Optional[float]:
+    """Seconds per command through the session backend, on the user's chroot name (it
+    unpacks the tarball once, as a build does), or None where the backend does not work."""
+    state = sbs.load_state(sbs.user_cache_dir() / sbs.STATE_SUBDIR / f"{name}.json")
+    if state is None:
+        return None
+    session = sfs.Session(
+        Path(state["path"]),
+        _user_name(os.getuid()),
+        sfs.default_binds(state, sbs.package_cache_dir("unshare")),
+        sfs.mountpoint_parent(),
+    )
+    try:
+        return sfs.self_test(session)
+    except Error:
+        return None
 
 
 def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
@@ -390,6 +417,17 @@ def rule_chroot_mode(facts: Facts) -> Findings:
     mode = facts["chroot_mode"]
     if mode == "unshare" or not any(c["mode"] == "unshare" for c in facts["chroots"]):
         return []
+    if facts.get("session_backend"):
+        return [
+            finding(
+                "session-backend",
+                "info",
+                "plain 'sbuild -d DIST' builds go through sbuild-fast's session backend "
+                "(sbuild's autopkgtest mode): one namespace set per build, entered per "
+                "command, the build without network, every process killed when it ends; "
+                "'sbuild --chroot-mode=unshare' builds in sbuild's unshare mode",
+            )
+        ]
     return [
         finding(
             "chroot-mode",
@@ -658,10 +696,12 @@ def rule_schroot_overlay(facts: Facts) -> Findings:
 
 def rule_schroot_mode(facts: Facts) -> Findings:
     """schroot mode with its overlay on tmpfs is sbuild's fastest mode: say so to a user of
-    unshare chroots on a host that could have one."""
+    unshare chroots on a host that could have one, unless the session backend (below
+    schroot mode's cost per command) is what their builds use."""
     chroots = facts["chroots"]
     if (
         not chroots
+        or facts.get("session_backend")
         or any(c["mode"] == "schroot" for c in chroots)
         or not facts.get("schroot_installed")
         or not facts["tmpfs_overlay"]["fits"]
@@ -687,13 +727,14 @@ def rule_command_cost(facts: Facts) -> Findings:
             continue
         floor = cost * sbs.COMMANDS_PER_BUILD
         bound = "at least " if mode == "unshare" else ""
+        what = "with the session backend" if mode == "session" else f"in {mode} mode"
         found.append(
             finding(
                 "command-cost",
                 "info",
                 f"sbuild runs about {sbs.COMMANDS_PER_BUILD} commands in the chroot per build; "
-                f"here each costs {bound}{cost * 1000:.0f} ms in {mode} mode, so {bound}"
-                f"{floor:.1f} s of every build is sbuild's own: the floor of {mode} mode, "
+                f"here each costs {bound}{cost * 1000:.0f} ms {what}, so {bound}"
+                f"{floor:.1f} s of every build is sbuild's own: the floor {what}, "
                 "which no chroot or setting removes",
                 mode,
                 seconds_per_command=round(cost, 4),

@@ -26,9 +26,14 @@ EATMYDATA_DIR = "/usr/local/libexec/sbuild-fast"
 EATMYDATA_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-eatmydata"
 APPSTREAM_APT_CONF = "/etc/apt/apt.conf.d/90sbuild-fast-appstream"
 MARKER = "/etc/sbuild-fast"
-BASE_INCLUDE = ("fakeroot", "debhelper")
+# passwd: sbuild's autopkgtest mode (the session backend) adds its build user with groupadd
+# and useradd inside the chroot; trixie's buildd variant has no passwd (Priority: important).
+BASE_INCLUDE = ("fakeroot", "debhelper", "passwd")
 CONFIG_BEGIN = "# BEGIN sbuild-fast"
 CONFIG_END = "# END sbuild-fast"
+# sbuild's default $chroot_mode became unshare in 0.90.0; bookworm's 0.85 and trixie's 0.89
+# default to schroot (0.89 with a warning), so a plain 'sbuild -d DIST' there needs the block.
+UNSHARE_DEFAULT_MIN = "0.90"
 MODES = ("unshare", "schroot")
 MAX_AGE_DAYS = 7  # the weekly refresh keeps chroots younger than this
 # Warn this long before sbuild >= 0.87 would re-create a tarball: the weekly timer's
@@ -230,18 +235,53 @@ def tmpfs_unpack_template(
     return None
 
 
+def default_chroot_mode(sbuild_ver: Optional[str]) -> str:
+    """The $chroot_mode sbuild uses when nobody sets one."""
+    if sbuild_ver and debver.at_least(sbuild_ver, UNSHARE_DEFAULT_MIN):
+        return "unshare"
+    return "schroot"
+
+
+def uses_session_backend(config: Dict[str, str]) -> bool:
+    """Whether sbuild's configuration (as sbuild reads it) sends plain builds through
+    sbuild-fast's session backend."""
+    return (
+        config.get("chroot_mode") == "autopkgtest"
+        and os.path.basename(config.get("autopkgtest_virt_server", "")) == "sbuild-fast"
+    )
+
+
 def config_block(
     mode: str,
     sbuild_ver: Optional[str],
     tmp_template: Optional[str],
     cache_dir: Optional[str] = None,
+    session_server: Optional[str] = None,
 ) -> str:
     """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc; cache_dir:
-    the package cache to bind-mount in unshare mode (schroot mode's is in its fstab)."""
+    the package cache to bind-mount in unshare mode (schroot mode's is in its fstab);
+    session_server: sbuild-fast's path, when plain builds go through its session backend
+    (sbuild's autopkgtest mode); the unshare settings stay for --chroot-mode=unshare."""
     lines = [
         f"{CONFIG_BEGIN} (written by 'sbuild-fast create --configure'; edits inside are lost)",
-        f"$chroot_mode = '{mode}';",
     ]
+    sbuild_mode = "autopkgtest" if session_server and mode == "unshare" else mode
+    if default_chroot_mode(sbuild_ver) != sbuild_mode:
+        lines.append(
+            f"# sbuild {sbuild_ver or ''} defaults to {default_chroot_mode(sbuild_ver)} mode "
+            f"(unshare from {UNSHARE_DEFAULT_MIN} on)".replace("  ", " ")
+        )
+    if sbuild_mode == "autopkgtest":
+        lines += [
+            "# One namespace set per build, entered per command: sbuild-fast's session",
+            "# backend, through sbuild's autopkgtest mode (the build without network,",
+            "# every process killed when the build ends, ids as unshare mode maps them).",
+            f"$chroot_mode = '{sbuild_mode}';",
+            f"$autopkgtest_virt_server = {perl_quote(session_server or '')};",
+            "$autopkgtest_virt_server_options = ['session', '--dist', '%r', '--arch', '%a'];",
+        ]
+    else:
+        lines.append(f"$chroot_mode = '{mode}';")
     if mode == "unshare":
         if tmp_template:
             lines += [
@@ -283,6 +323,7 @@ SBUILD_CONFIG_KEYS = (
     "PURGE_BUILD_DEPS",
     "RUN_LINTIAN",
     "BUILD_DIR",
+    "AUTOPKGTEST_VIRT_SERVER",
 )
 # sbuild 0.87 and later only: asking an older sbuild for them is pointless.
 SBUILD_AUTO_CREATE_KEYS = (

@@ -169,3 +169,45 @@ sbf_in_root() {
         exec "$@"
     ' sbf_in_root "$1" "${@:2}"
 }
+
+# Two tiny packages for the session backend's guarantees, as SBF_CACHED_PACKAGE_SCRIPT
+# (sh -euc SCRIPT sh DIR HOST): sbfast-net's build connects to HOST:80 (it prints
+# SBFAST-NETWORK-REACHED, else SBFAST-NETWORK-UNREACHABLE and fails); sbfast-daemon's
+# build starts 'sleep 98765' detached (setsid, nohup) and shows it running in a later
+# step (SBFAST-DAEMON-RUNNING): nothing of it may be left once sbuild returns.
+# shellcheck disable=SC2016,SC2034 # expanded by the shell that runs it; used by the tests
+SBF_GUARANTEE_PACKAGES_SCRIPT='
+    for p in net daemon; do
+        d=$1/sbfast-$p-1.0
+        mkdir -p "$d/debian/source"
+        echo "3.0 (native)" > "$d/debian/source/format"
+        printf "%s\n" "Source: sbfast-$p" "Section: misc" "Priority: optional" \
+            "Maintainer: sbuild-fast test <test@example.org>" \
+            "Build-Depends: debhelper-compat (= 13)" "Standards-Version: 4.6.2" \
+            "Rules-Requires-Root: no" "" "Package: sbfast-$p" "Architecture: all" \
+            "Depends: \${misc:Depends}" "Description: sbuild-fast test package" \
+            " Built by the sbuild-fast tests of the session backend." > "$d/debian/control"
+        printf "sbfast-$p (1.0) unstable; urgency=medium\n\n  * Test.\n\n -- sbuild-fast test <test@example.org>  Sat, 21 Nov 2026 22:00:00 +0000\n" \
+            > "$d/debian/changelog"
+    done
+    printf "%s\n" "#!/usr/bin/make -f" "%:" "	dh \$@" "override_dh_auto_build:" \
+        "	perl -MIO::Socket::INET -e '"'"'exit(IO::Socket::INET->new(PeerAddr => \"$2:80\", Timeout => 10) ? 0 : 1)'"'"' && echo SBFAST-NETWORK-REACHED || { echo SBFAST-NETWORK-UNREACHABLE; exit 1; }" \
+        > "$1/sbfast-net-1.0/debian/rules"
+    printf "%s\n" "#!/usr/bin/make -f" "%:" "	dh \$@" "override_dh_auto_build:" \
+        "	setsid nohup sleep 98765 > /dev/null 2>&1 < /dev/null &" \
+        "override_dh_auto_install:" \
+        "	sleep 1; grep -qs 9876[5] /proc/[0-9]*/cmdline && echo SBFAST-DAEMON-RUNNING" \
+        > "$1/sbfast-daemon-1.0/debian/rules"
+    chmod +x "$1"/sbfast-*-1.0/debian/rules
+    cd "$1" && dpkg-source -b sbfast-net-1.0 >/dev/null && dpkg-source -b sbfast-daemon-1.0 >/dev/null
+'
+
+# sbf_mirror_host: the host name of the archive the tests use.
+sbf_mirror_host() {
+    mirror_for "${1:-bookworm}" | sed -E 's#^[a-z]+://([^/:]+).*#\1#'
+}
+
+# sbf_daemon_pids: processes of the sbfast-daemon build left anywhere on the host.
+sbf_daemon_pids() {
+    pgrep -f '^sleep 98765$' || true
+}

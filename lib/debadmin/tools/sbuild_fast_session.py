@@ -1,0 +1,449 @@
+"""sbuild-fast session: an autopkgtest virt server that keeps one namespace set per build.
+
+sbuild's unshare mode builds a new user, mount and pid namespace for each of the ~140
+commands of a build (70-110 ms each). sbuild's autopkgtest mode runs each command through
+the argv that the virt server's print-execute-command returns; this server unpacks the
+sbuild-fast tarball once per build into namespaces it keeps (user, mount, pid, uts, ipc
+and a network namespace with only lo), and returns an nsenter argv into them:
+
+- ids as sbuild's unshare mode maps them (the first /etc/subuid and /etc/subgid line of
+  the user, from 0), so the package cache is shared with that mode, file for file;
+- commands run in the host's network namespace (apt reaches the archive), except the one
+  unshare mode runs without network (dpkg-buildpackage): it enters the session's own;
+- the session's init is pid 1 of its pid namespace: killing it at 'close' (or when
+  sbuild, this server or init goes away) kills every process of the build;
+- the unpacked tree lives in a tmpfs mounted inside the session's mount namespace when
+  memory allows, so it vanishes with the namespace; otherwise on disk, removed at close.
+"""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+
+from debadmin.errors import Error
+
+log = logging.getLogger("sbuild-fast")
+
+# sbuild's autopkgtest mode runs commands through print-execute-command's argv from 0.85
+# (bookworm) on, the same up to 0.91.
+SBUILD_MIN = "0.85"
+
+# What sbuild's unshare mode runs without network (Sbuild/Build.pm: DISABLE_NETWORK => 1,
+# the same in 0.85, 0.89 and 0.91): the build itself.
+OFFLINE_COMMANDS = ("dpkg-buildpackage",)
+
+# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell and
+# nsenter: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
+# sbuild appends: env NAME=VALUE... [/sbin/runuser -u USER --] [sh -c 'cd DIR...'] CMD.
+EXEC_SCRIPT = (
+    'p=$1; shift; n=""; '
+    'for a in "$@"; do case $a in '
+    + "|".join(f"{c}|*/{c}" for c in OFFLINE_COMMANDS)
+    + ") n=-n; break;; esac; done; "
+    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- "$@"'
+)
+
+# The tmpfs for the unpacked tree: only when this much memory stays available beside it
+# (the build's own files come on top of the chroot's).
+TMPFS_RESERVE = 2 << 30
+TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the .debs
+
+# The session's init: runs inside the namespaces (python3 -c INIT json-args), as their
+# root (unshare --map-auto maps the first subordinate range from 0 and sets uid 0 before
+# exec, so init keeps its capabilities there). It mounts and unpacks, chroots, reports 'ready', and
+# then only reaps orphans (pid 1 of the namespace) until it is killed.
+INIT = r"""
+import fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
+a = json.loads(sys.argv[1])
+os.umask(0o022)
+root = a["root"]
+def run(*argv, **kw):
+    subprocess.run(argv, check=True, **kw)
+if a["tmpfs"]:
+    run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid", "sbuild-fast", root)
+else:
+    disk = tempfile.mkdtemp(prefix="sbuild-fast-session.", dir=a["disk_parent"])
+    os.chmod(disk, 0o755)
+    print("disk " + disk, flush=True)
+    run("mount", "--bind", disk, root)
+excl = ["--exclude=./dev/" + d for d in ("urandom", "random", "full", "null", "console",
+                                          "zero", "tty", "ptmx")]
+run("tar", *excl, "--directory", root, "--extract", "--file", "/proc/self/fd/%d" % a["tar_fd"],
+    pass_fds=[a["tar_fd"]])
+os.close(a["tar_fd"])
+os.makedirs(root + "/dev", exist_ok=True)
+for d in ("null", "zero", "full", "random", "urandom", "tty", "console"):
+    path = root + "/dev/" + d
+    if not os.path.lexists(path):
+        open(path, "w").close()
+    os.chmod(path, 0)
+    run("mount", "-o", "bind", "/dev/" + d, path)
+for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                     ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                     ("ptmx", "/dev/pts/ptmx")):
+    path = root + "/dev/" + name
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)
+for d in ("pts", "shm"):
+    os.makedirs(root + "/dev/" + d, exist_ok=True)
+run("mount", "-o", "noexec,nosuid,gid=5,mode=620,ptmxmode=666", "-t", "devpts", "none",
+    root + "/dev/pts")
+run("mount", "-t", "tmpfs", "tmpfs", root + "/dev/shm")
+os.makedirs(root + "/sys", exist_ok=True)
+run("mount", "-o", "rbind", "/sys", root + "/sys")
+os.makedirs(root + "/proc", exist_ok=True)
+run("mount", "-t", "proc", "proc", root + "/proc")
+for fd, mountpoint in a["binds"]:
+    os.makedirs(root + mountpoint, exist_ok=True)
+    run("mount", "--bind", "/proc/self/fd/%d" % fd, root + mountpoint, pass_fds=[fd])
+    os.close(fd)
+socket.sethostname("sbuild")
+with open(root + "/etc/hosts", "w") as f:
+    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n")
+resolv = root + "/etc/resolv.conf"
+if os.path.lexists(resolv) and not os.path.isfile(resolv):
+    os.unlink(resolv)
+with open(resolv, "w") as f:
+    f.write(a["resolv"])
+# The session's own network namespace, where the build runs: only lo, up.
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
+s.close()
+os.chroot(root)
+os.chdir("/")
+print("ready", flush=True)
+os.close(1)
+os.open("/dev/null", os.O_WRONLY)
+# The server holds the other end of this pipe: when it goes (closed, killed, or its
+# parent sbuild killed with it), init exits, and the kernel kills the whole session.
+# (unshare's --kill-child does not outlive --setuid: the credential change clears it.)
+alive = select.poll()
+alive.register(a["alive_fd"], select.POLLIN | select.POLLHUP)
+while not alive.poll(1000):
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+"""
+
+
+def subid_range(kind: str, user: str, root: Path = Path("/")) -> Tuple[int, int]:
+    """The first line of /etc/subuid or /etc/subgid for user, as sbuild reads it."""
+    try:
+        text = (root / "etc" / kind).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise Error(f"cannot read /etc/{kind}: {exc.strerror}") from None
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] == user:
+            try:
+                return int(fields[1]), int(fields[2])
+            except ValueError:
+                break
+    raise Error(f"no subordinate ids for {user} in /etc/{kind}")
+
+
+def mem_available(root: Path = Path("/")) -> int:
+    """MemAvailable from /proc/meminfo in bytes (0 when unknown)."""
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def use_tmpfs(tree_size: int, available: int) -> bool:
+    """Whether the unpacked tree goes to a tmpfs: with room for the build beside it."""
+    return available >= tree_size * TMPFS_FACTOR + TMPFS_RESERVE
+
+
+def encode_argv(argv: Sequence[str]) -> str:
+    """print-execute-command's answer: arguments joined by commas, each URL-quoted
+    (sbuild splits on ',' and decodes %XX)."""
+    return ",".join(urllib.parse.quote(arg, safe="") for arg in argv)
+
+
+def unshare_argv() -> List[str]:
+    """unshare as the session's root: the first subordinate ranges mapped from 0 (as
+    sbuild's unshare mode maps them), uid 0 set before exec so that capabilities stay."""
+    return ["unshare", "--map-auto", "--setuid=0", "--setgid=0"]
+
+
+class Session:
+    """One build's namespaces: open() unpacks and starts them, close() kills them."""
+
+    def __init__(
+        self, tarball: Path, user: str, binds: Sequence[Tuple[Path, str]], tmp_parent: Path
+    ) -> None:
+        self.tarball = tarball
+        self.user = user
+        self.binds = list(binds)
+        self.tmp_parent = tmp_parent
+        self.proc: Optional[subprocess.Popen] = None
+        self.init_pid: Optional[int] = None
+        self.mountpoint: Optional[Path] = None
+        self.disk: Optional[str] = None
+        self.errors: Optional[TextIO] = None
+        self.announce = True  # a line on stderr (sbuild's log) when it unpacks
+        self.alive_w: Optional[int] = None
+
+    def open(self) -> str:
+        uid = subid_range("subuid", self.user)
+        gid = subid_range("subgid", self.user)
+        fds: List[int] = []
+        try:
+            try:
+                tar_fd = os.open(self.tarball, os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(tar_fd)
+                bind_args = []
+                for source, mountpoint in self.binds:
+                    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    fds.append(fd)
+                    bind_args.append((fd, mountpoint))
+            except OSError as exc:
+                raise Error(f"cannot open {exc.filename}: {exc.strerror}") from None
+            self.mountpoint = Path(tempfile.mkdtemp(prefix="sbuild-fast.", dir=self.tmp_parent))
+            # the namespace's root (a subordinate id) must reach it to mount on it
+            os.chmod(self.mountpoint, 0o755)
+            try:
+                resolv = Path("/etc/resolv.conf").read_text()
+            except OSError:
+                resolv = "nameserver 127.0.0.53\n"  # systemd-resolved, as sbuild does
+            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available())
+            # sbuild's log says where the chroot comes from, as in unshare mode
+            if self.announce:
+                print(
+                    f"I: sbuild-fast session: unpacking {self.tarball} into "
+                    + ("a tmpfs of the session" if tmpfs else "a directory on disk"),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            args = {
+                "root": str(self.mountpoint),
+                "tmpfs": tmpfs,
+                "disk_parent": os.environ.get("TMPDIR") or "/var/tmp",
+                "binds": bind_args,
+                "tar_fd": tar_fd,
+                "resolv": resolv,
+            }
+            # init lives while this end is open: closed by close(), or by the kernel when
+            # this server dies, however it dies
+            alive_r, self.alive_w = os.pipe()
+            fds.append(alive_r)
+            args["alive_fd"] = alive_r
+            # unshare's and init's complaints: shown when the session does not start
+            self.errors = tempfile.TemporaryFile(mode="w+")
+            self.proc = subprocess.Popen(
+                unshare_argv()
+                + ["--mount", "--pid", "--uts", "--ipc", "--net", "--fork", "--kill-child"]
+                + ["--", sys.executable, "-I", "-c", INIT, json.dumps(args)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=self.errors,
+                pass_fds=fds,
+                preexec_fn=_die_with_parent,
+                text=True,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert self.proc.stdout
+        while True:
+            line = self.proc.stdout.readline()
+            if not line.startswith("disk "):
+                break
+            self.disk = line[5:].strip()
+        if line.strip() != "ready":
+            self.errors.seek(0)
+            lines = [ln.strip() for ln in self.errors.read().splitlines() if ln.strip()]
+            self.close()
+            raise Error(
+                f"the session for {self.tarball} did not start: "
+                + (" ".join(lines[-2:]) or "no reason given")
+            )
+        self.init_pid = self._init_pid()
+        # The ids sbuild's unshare mode maps: the package cache's files are theirs.
+        for kind, (start, count) in (("uid", uid), ("gid", gid)):
+            mapped = Path(f"/proc/{self.init_pid}/{kind}_map").read_text().split()
+            if mapped != ["0", str(start), str(count)]:
+                self.close()
+                raise Error(
+                    f"unshare --map-auto mapped {' '.join(mapped)}, not 0 {start} {count} "
+                    f"as sbuild's unshare mode does (first /etc/sub{kind} line of {self.user})"
+                )
+        return str(self.mountpoint)
+
+    def _init_pid(self) -> int:
+        assert self.proc
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        children = path.read_text().split()
+        if len(children) != 1:
+            self.close()
+            raise Error(f"the session's init is not the one child of {self.proc.pid}")
+        return int(children[0])
+
+    def exec_argv(self) -> List[str]:
+        return ["/bin/sh", "-c", EXEC_SCRIPT, "sbuild-fast-session", str(self.init_pid)]
+
+    def close(self) -> None:
+        """Kill pid 1 of the session (the kernel then kills every process in it), wait for
+        it, and remove what is left on the host."""
+        if self.alive_w is not None:
+            os.close(self.alive_w)
+            self.alive_w = None
+        if self.proc is not None:
+            with _suppress_missing():
+                if self.init_pid:
+                    os.kill(self.init_pid, signal.SIGKILL)
+                else:
+                    self.proc.kill()  # --kill-child passes it on
+            self.proc.wait()
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+            self.init_pid = None
+        if self.errors:
+            self.errors.close()
+            self.errors = None
+        if self.disk:
+            # The on-disk tree is the subordinate ids': removed by their root, as sbuild does.
+            subprocess.run([*unshare_argv(), "rm", "-rf", "--", self.disk], check=False)
+            self.disk = None
+        if self.mountpoint:
+            with _suppress_missing():
+                self.mountpoint.rmdir()
+            self.mountpoint = None
+
+
+class _suppress_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        return kind is not None and issubclass(kind, (ProcessLookupError, FileNotFoundError))
+
+
+def _die_with_parent() -> None:
+    """unshare gets SIGKILL when this server dies; --kill-child passes it on to init."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def serve(session: Session, stdin: TextIO, stdout: TextIO) -> int:
+    """The autopkgtest virt server protocol, as sbuild's ChrootAutopkgtest.pm speaks it."""
+
+    def say(text: str) -> None:
+        stdout.write(text + "\n")
+        stdout.flush()
+
+    say("ok")
+    opened = False
+    try:
+        for raw in stdin:
+            words = raw.split()
+            if not words:
+                continue
+            command = words[0]
+            if command == "open" and not opened:
+                try:
+                    say("ok " + session.open())
+                    opened = True
+                except Error as exc:
+                    say(f"error {exc}")
+            elif command == "capabilities":
+                say("ok root-on-testbed isolation-container")
+            elif command == "print-execute-command" and opened:
+                say("ok " + encode_argv(session.exec_argv()))
+            elif command == "close" and opened:
+                session.close()
+                opened = False
+                say("ok")
+            elif command == "quit":
+                session.close()
+                return 0
+            else:
+                say(f"error unsupported command {command}")
+    finally:
+        session.close()
+    return 0
+
+
+def timed_command_cost(argv: Sequence[str], runs: int = 10) -> float:
+    """Median wall time of running 'true' through argv (seconds)."""
+    times = []
+    for _ in range(runs):
+        start = time.monotonic()
+        subprocess.run([*argv, "true"], check=True, stdin=subprocess.DEVNULL)
+        times.append(time.monotonic() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def self_test(session: "Session") -> float:
+    """Start session, check what makes it as safe as unshare mode (the build's network
+    namespace holds only lo; commands run as the namespace's root; close leaves no process),
+    and return the median seconds a command costs through it."""
+    session.announce = False
+    try:
+        session.open()
+        argv = session.exec_argv()
+        count = ["sh", "-c", "grep -c : /proc/net/dev"]
+        offline = subprocess.run(
+            [*argv, *count, "dpkg-buildpackage"], capture_output=True, text=True
+        )
+        if offline.returncode != 0 or offline.stdout.strip() != "1":
+            raise Error("the session's build would not be cut off the network")
+        who = subprocess.run([*argv, "id", "-u"], capture_output=True, text=True)
+        if who.stdout.strip() != "0":
+            raise Error("commands in the session do not run as its root")
+        # sbuild's autopkgtest mode adds its build user inside the chroot
+        tools = subprocess.run(
+            [*argv, "test", "-x", "/usr/sbin/groupadd", "-a", "-x", "/usr/sbin/useradd"]
+        )
+        if tools.returncode != 0:
+            raise Error(
+                "the chroot has no groupadd and useradd (passwd): "
+                "run 'sbuild-fast update --recreate'"
+            )
+        cost = timed_command_cost(argv)
+        init = session.init_pid
+    finally:
+        session.close()
+    if init and Path(f"/proc/{init}").exists():
+        raise Error("the session's init outlived its close")
+    return cost
+
+
+def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
+    if state.get("cache", True) and cache_dir.is_dir():
+        return [(cache_dir, "/var/cache/apt/archives")]
+    return []
+
+
+def mountpoint_parent() -> Path:
+    """Where the mount point of a session goes: TMPDIR, else /tmp (the session's root, a
+    subordinate id, must search it: not $XDG_RUNTIME_DIR, which is 0700)."""
+    for candidate in (os.environ.get("TMPDIR"), "/tmp"):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return Path(candidate)
+    return Path("/tmp")
+
+
+__all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil"]

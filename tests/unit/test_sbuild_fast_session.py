@@ -1,0 +1,198 @@
+"""Unit tests for sbuild-fast's session backend: the virt server protocol, the per-command
+argv, the id ranges, the tmpfs decision and the sbuild block that selects it."""
+
+import io
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from debadmin.errors import Error
+from debadmin.tools import sbuild_fast_sbuild as sbs
+from debadmin.tools import sbuild_fast_session as sfs
+
+
+def sbuild_decode(answer: str):
+    """What sbuild's ChrootAutopkgtest.pm does with print-execute-command's answer."""
+    assert answer.startswith("ok ")
+    return [
+        re.sub("%([0-9A-Fa-f]{2})", lambda m: chr(int(m[1], 16)), a) for a in answer[3:].split(",")
+    ]
+
+
+def test_encode_argv_survives_sbuild_decoding():
+    argv = ["/bin/sh", "-c", 'a=1, b="%x"; exec "$@"', "x y", "100%", "é"]
+    decoded = sbuild_decode("ok " + sfs.encode_argv(argv))
+    # sbuild decodes byte by byte (chr of each %XX): ASCII comes back as it went
+    assert decoded[:5] == argv[:5]
+    assert "\n" not in sfs.encode_argv(["a\nb"])
+
+
+def fake_nsenter(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nsenter"
+    tool.write_text('#!/bin/sh\nfor a; do printf "%s\\n" "$a"; done\n')
+    tool.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize(
+    "command, offline",
+    [
+        # sbuild's build: env, runuser, cd, then dpkg-buildpackage (unshare mode: no network)
+        (
+            [
+                "env",
+                "A=1",
+                "/sbin/runuser",
+                "-u",
+                "u",
+                "--",
+                "sh",
+                "-c",
+                "cd x",
+                "exec",
+                "dpkg-buildpackage",
+                "-us",
+            ],
+            True,
+        ),
+        (["env", "/usr/bin/dpkg-buildpackage"], True),
+        # apt as root, apt-get source as the user, lintian, copies: network as in unshare mode
+        (["env", "A=1", "apt-get", "install", "-y", "dpkg-buildpackage-x"], False),
+        (["env", "/sbin/runuser", "-u", "u", "--", "apt-get", "source", "hello"], False),
+        (["env", "sh", "-c", "echo dpkg-buildpackage"], False),
+    ],
+)
+def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offline):
+    bin_dir = fake_nsenter(tmp_path)
+    session = sfs.Session(Path("/nonexistent"), "u", [], tmp_path)
+    session.init_pid = 4242
+    argv = session.exec_argv()
+    out = subprocess.run(
+        [*argv, *command],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+    ).stdout.splitlines()
+    sep = out.index("--")
+    options, rest = out[:sep], out[sep + 1 :]
+    assert options[:2] == ["-t", "4242"] and {"-U", "-m", "-p", "-r", "-w"} <= set(options)
+    assert ("-n" in options) is offline
+    assert rest == command
+
+
+def test_subid_range_takes_the_first_line_by_name(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/subuid").write_text("1000:1:2\nbob:300000:65536\nu:100000:65536\nu:5:5\n")
+    assert sfs.subid_range("subuid", "u", root=tmp_path) == (100000, 65536)
+    with pytest.raises(Error, match="no subordinate ids for eve in /etc/subuid"):
+        sfs.subid_range("subuid", "eve", root=tmp_path)
+    with pytest.raises(Error, match="cannot read /etc/subgid"):
+        sfs.subid_range("subgid", "u", root=tmp_path)
+
+
+def test_use_tmpfs_needs_room_for_the_build_beside_the_tree():
+    tree = 500 << 20
+    assert sfs.use_tmpfs(tree, 8 << 30)
+    assert not sfs.use_tmpfs(tree, 3 << 30)
+    assert not sfs.use_tmpfs(tree, 0)  # unknown memory: on disk
+
+
+def test_mem_available(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 100 kB\nMemAvailable:   2048 kB\n")
+    assert sfs.mem_available(tmp_path) == 2 << 20
+    assert sfs.mem_available(tmp_path / "none") == 0
+
+
+class FakeSession:
+    """A session without namespaces: what serve() asks of one."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+        self.calls = []
+
+    def open(self):
+        self.calls.append("open")
+        if self.fail:
+            raise Error("the session for x did not start: tar failed")
+        return "/tmp/sbuild-fast.x"
+
+    def exec_argv(self):
+        return ["/bin/sh", "-c", "p=$1, shift", "sbuild-fast-session", "7"]
+
+    def close(self):
+        self.calls.append("close")
+
+
+def test_serve_speaks_what_sbuild_asks():
+    session = FakeSession()
+    out = io.StringIO()
+    stdin = io.StringIO("open\ncapabilities\nprint-execute-command\nclose\nquit\n")
+    assert sfs.serve(session, stdin, out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["ok", "ok /tmp/sbuild-fast.x"]
+    assert "root-on-testbed" in lines[2].split()  # sbuild refuses a server without it
+    assert sbuild_decode(lines[3]) == session.exec_argv()
+    assert lines[4:] == ["ok"]  # close; quit says nothing
+    assert session.calls[:2] == ["open", "close"]
+
+
+def test_serve_reports_a_failed_open_and_refuses_exec():
+    session = FakeSession(fail=True)
+    out = io.StringIO()
+    sfs.serve(session, io.StringIO("open\nprint-execute-command\nbogus\n"), out)
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "error the session for x did not start: tar failed"
+    assert lines[2].startswith("error ") and lines[3].startswith("error ")
+    assert session.calls[-1] == "close"  # end of input: nothing left running
+
+
+def test_config_block_selects_the_session_backend():
+    block = sbs.config_block(
+        "unshare", "0.89.3", "/dev/shm/tmp.sbuild.XXXXXXXXXX", "/c/debs", "/usr/bin/sbuild-fast"
+    )
+    assert "$chroot_mode = 'autopkgtest';\n" in block
+    assert "$autopkgtest_virt_server = '/usr/bin/sbuild-fast';\n" in block
+    assert "['session', '--dist', '%r', '--arch', '%a'];" in block
+    # sbuild's own unshare mode keeps its settings, for --chroot-mode=unshare
+    assert "$unshare_mmdebstrap_auto_create = 0;" in block and "/c/debs" in block
+    assert "defaults to schroot mode" in block
+    plain = sbs.config_block("unshare", "0.89.3", None, None)
+    assert "$chroot_mode = 'unshare';" in plain and "autopkgtest" not in plain
+    # schroot chroots never go through the session backend
+    assert "autopkgtest" not in sbs.config_block("schroot", "0.85", None, None, "/x")
+
+
+def test_doctor_knows_the_session_backend():
+    from debadmin.tools import sbuild_fast_doctor as sfd
+
+    config = {"chroot_mode": "autopkgtest", "autopkgtest_virt_server": "/usr/bin/sbuild-fast"}
+    assert sbs.uses_session_backend(config)
+    assert not sbs.uses_session_backend(dict(config, autopkgtest_virt_server="/usr/bin/x"))
+    assert not sbs.uses_session_backend({"chroot_mode": "unshare"})
+    chroots = [{"mode": "unshare", "name": "bookworm-amd64"}]
+    facts = {"chroot_mode": "autopkgtest", "session_backend": True, "chroots": chroots}
+    (found,) = sfd.rule_chroot_mode(facts)
+    assert found["code"] == "session-backend" and found["severity"] == "info"
+    # another autopkgtest server leaves the sbuild-fast tarballs unused: action
+    (found,) = sfd.rule_chroot_mode(dict(facts, session_backend=False))
+    assert found["code"] == "chroot-mode" and found["severity"] == "action"
+    (found,) = sfd.rule_command_cost({"command_cost": {"session": 0.004}})
+    assert "4 ms with the session backend" in found["message"] and found["subject"] == "session"
+
+
+def test_doctor_does_not_offer_schroot_to_session_backend_users():
+    from debadmin.tools import sbuild_fast_doctor as sfd
+
+    facts = {
+        "chroots": [{"mode": "unshare"}],
+        "schroot_installed": True,
+        "tmpfs_overlay": {"fits": True, "reason": ""},
+    }
+    assert [f["code"] for f in sfd.rule_schroot_mode(facts)] == ["schroot-faster"]
+    assert sfd.rule_schroot_mode(dict(facts, session_backend=True)) == []
