@@ -60,7 +60,7 @@ TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS) release,$(TEST_DEPENDS
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f
-SH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^\#!/bin/sh' {} +)
+SH_FILES = $(shell $(FIND_TREE) -exec sh -c 'for f; do head -n1 "$$f" | grep -q "^\#!/bin/sh" && echo "$$f"; done' sh {} +)
 BASH_FILES = $(shell $(FIND_TREE) -exec grep -lE '^(\#!(/usr)?/bin/(env )?bash|\# shellcheck shell=bash)' {} +)
 
 .PHONY: all install check deps check-deps shellcheck unit build dist sbuild lintian autopkgtest \
