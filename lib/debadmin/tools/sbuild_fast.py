@@ -1169,9 +1169,10 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--backend",
         choices=("session", "unshare"),
-        default="session",
+        default="unshare",
         help="what a plain 'sbuild -d DIST' uses for an unshare chroot (--configure): "
-        "sbuild-fast's session backend (default, where it works) or sbuild's unshare mode",
+        "sbuild's unshare mode (default) or sbuild-fast's session backend (faster, opt-in: "
+        "see the man page for what it does not yet keep)",
     )
     create.add_argument(
         "--configure",
