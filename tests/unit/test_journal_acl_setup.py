@@ -698,6 +698,7 @@ def test_tmpfiles_dropin_groups(tmp_path, capsys):
     assert [f["group"] for f in jas.tmpfiles_findings(root, {"adm": 4, "staff": 50})] == ["staff"]
 
 
+@pytest.mark.needs_root
 def test_group_deleted_since_apply(tmp_path, capsys):
     # systemd-tmpfiles ignores a line naming an unknown group: check reports it, apply
     # leaves it out, and revert can still take it out although the group is gone.
@@ -738,6 +739,7 @@ def test_tmpfiles_dropin_malformed(tmp_path, capsys, line):
     assert not (root / "var/log/journal").exists()
 
 
+@pytest.mark.needs_root
 def test_apply_without_var_log_is_one_line(tmp_path, capsys):
     root = make_root(tmp_path)
     (root / "var/log").rmdir()
@@ -752,6 +754,7 @@ def test_probe_acl_support_unwritable(tmp_path):
 
 
 @pytest.mark.parametrize("escape", ["var/log", "etc/tmpfiles.d", "etc/default"])
+@pytest.mark.needs_root
 def test_refuses_symlinks_out_of_the_image(tmp_path, capsys, escape):
     root = make_root(tmp_path)
     outside = tmp_path / "outside"
@@ -768,6 +771,7 @@ def test_refuses_symlinks_out_of_the_image(tmp_path, capsys, escape):
     assert os.listdir(outside) == []
 
 
+@pytest.mark.needs_root
 def test_refuses_absolute_symlink_meant_inside_the_image(tmp_path, capsys):
     """var/log -> /persist/log means ROOT/persist/log; resolved on the host it is not."""
     root = make_root(tmp_path)
@@ -865,6 +869,7 @@ def test_group_names_end_at_the_end(tmp_path):
     assert jas.validate_group_name("machine$") == "machine$"
 
 
+@pytest.mark.needs_root
 def test_apply_g_never_requotes_shell_from_the_configuration(tmp_path, capsys):
     """A configured value that is harmless single-quoted ('$(...)') is refused, never
     written back in double quotes, where a shell sourcing the file would run it."""
@@ -1078,6 +1083,7 @@ def test_skips_keep_every_action_and_summarise_the_rest():
     assert [s.path for s in items if s.action] == ["/j/x"]
 
 
+@pytest.mark.needs_root
 def test_check_summarises_many_symlinks(tmp_path, capsys):
     root = make_image(tmp_path)
     machine = root / "var/log/journal" / MACHINE_ID
