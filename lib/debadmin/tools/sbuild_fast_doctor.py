@@ -320,7 +320,10 @@ def gather_facts(
     if cost_probe:
         if facts["unshare_used"]:
             facts["command_cost"]["unshare"] = cost_probe("unshare", None)
-            for chroot in facts["chroots"]:
+            # Only where plain builds use it (it is opt-in): starting a session on a chroot
+            # that cannot hold one has been seen to hang (an autopkgtest testbed without
+            # subordinate ids), and doctor must answer.
+            for chroot in facts["chroots"] if facts.get("session_backend") else []:
                 if chroot["mode"] == "unshare" and chroot["present"]:
                     facts["command_cost"]["session"] = cost_probe("session", chroot["name"])
                     break
