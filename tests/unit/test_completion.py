@@ -29,7 +29,7 @@ GEN = load_generator()
 
 
 def parser_of(tool):
-    return importlib.import_module("debadmin.tools." + tool.replace("-", "_")).build_parser()
+    return importlib.import_module("debadmin." + tool.replace("-", "_") + ".main").build_parser()
 
 
 @pytest.fixture(scope="module")

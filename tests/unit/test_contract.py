@@ -17,7 +17,7 @@ TOOLS = sorted(p.name for p in (SRC / "bin").iterdir())
 
 
 def module_of(tool):
-    return importlib.import_module("debadmin.tools." + tool.replace("-", "_"))
+    return importlib.import_module("debadmin." + tool.replace("-", "_") + ".main")
 
 
 def run_tool(tool, *args):
@@ -59,7 +59,7 @@ def test_help_and_version(tool, option):
 def test_entry_point_is_thin(tool):
     text = (SRC / "bin" / tool).read_text()
     assert text.startswith("#!/usr/bin/python3\n")
-    assert f"from debadmin.tools.{tool.replace('-', '_')} import main" in text
+    assert f"from debadmin.{tool.replace('-', '_')}.main import main" in text
     assert "sys.exit(main())" in text
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from debadmin.errors import Error
-from debadmin.tools import ipv6_ra_forward as raf
-from debadmin.tools import ipv6_ra_forward_owner as owners
+from debadmin.ipv6_ra_forward import main as raf
+from debadmin.ipv6_ra_forward import owner as owners
 
 SRC = Path(__file__).resolve().parents[2]
 DATA = SRC / "tests" / "data" / "ipv6-ra-forward"

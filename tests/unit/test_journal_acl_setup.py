@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from debadmin.errors import Error, NotApplicable
-from debadmin.tools import journal_acl_setup as jas
+from debadmin.journal_acl_setup import main as jas
 
 W = jas.walker
 G, M, GO, O, U = W.GROUP, W.MASK, W.GROUP_OBJ, W.OTHER, W.UNDEFINED
@@ -381,9 +381,9 @@ def test_parse_reads_the_kernel_attribute_as_libacl_does(tmp_path):
 
 START_UP_PROBE = """
 import gc, sys
-from debadmin.tools import journal_acl_setup
+from debadmin.journal_acl_setup.main import main
 sys.argv[0] = "journal-acl-setup"
-rc = journal_acl_setup.main()  # as bin/journal-acl-setup calls it
+rc = main()  # as bin/journal-acl-setup calls it
 shunned = ("logging", "typing", "shutil")
 print("imported:", *(m for m in shunned if m in sys.modules), file=sys.stderr)
 print("collecting:", gc.isenabled(), file=sys.stderr)
@@ -900,7 +900,7 @@ mount -t tmpfs tmpfs "$top/c"
 echo t > "$top/c/other.journal"
 exec "$2" -c '
 import os, sys
-from debadmin.tools import journal_acl_setup_walk as W
+from debadmin.journal_acl_setup import walk as W
 fd = os.open(sys.argv[1], W.O_DIR)
 skips = []
 for node in W.walk(fd, sys.argv[1], {0}, skips):

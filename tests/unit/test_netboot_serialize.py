@@ -16,8 +16,8 @@ from typing import Optional
 
 import pytest
 
-from debadmin.tools import netboot_serialize as ns
-from debadmin.tools import netboot_serialize_tar as nst
+from debadmin.netboot_serialize import main as ns
+from debadmin.netboot_serialize import tar as nst
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "netboot-serialize"
 BS = "debian-installer/amd64/boot-screens/"

@@ -17,7 +17,7 @@ from debadmin import errors, findings
 
 SRC = Path(__file__).resolve().parents[2]
 TOOLS = sorted(p.name for p in (SRC / "bin").iterdir())
-SITE = "usr/lib/python3*/dist-packages/debadmin/tools/"
+SITE = "usr/lib/python3*/dist-packages/debadmin/"
 SAME_VERSION = "(= ${binary:Version})"
 
 # The Debian package of each third-party module a tool imports at top level.
@@ -59,13 +59,17 @@ SOURCE, BINARIES = CONTROL[0], {p["Package"]: p for p in CONTROL[1:]}
 TESTS = deb822(SRC / "debian" / "tests" / "control")
 
 
+def package_of(tool):
+    """The tool's package directory, lib/debadmin/MOD (MOD = TOOL with - turned into _)."""
+    return SRC / "lib" / "debadmin" / tool.replace("-", "_")
+
+
 def modules_of(tool):
-    """The tool's module and its MOD_PART.py modules, as file names."""
-    mod = tool.replace("-", "_")
-    tools_dir = SRC / "lib" / "debadmin" / "tools"
-    return sorted(
-        p.name for p in tools_dir.glob(f"{mod}*.py") if re.fullmatch(rf"{mod}(_\w+)?\.py", p.name)
-    )
+    """The tool's modules, as paths."""
+    return sorted(package_of(tool).glob("*.py"))
+
+
+TOOL_PACKAGES = sorted(p.name for p in (SRC / "lib" / "debadmin").iterdir() if p.is_dir())
 
 
 def lines(path: Path):
@@ -117,22 +121,85 @@ def test_install_file(tool):
     assert path.is_file(), f"no debian/{tool}.install"
     installed = lines(path)
     assert f"bin/{tool} usr/bin/" in installed
-    for module in modules_of(tool):
-        assert SITE + module in installed, f"debian/{tool}.install does not ship {module}"
+    package = package_of(tool)
+    assert (package / "__init__.py").is_file() and (package / "main.py").is_file()
+    assert f"{SITE}{package.name}/" in installed, f"debian/{tool}.install does not ship {package}"
     assert (
         f"usr/share/bash-completion/completions/{tool}" in installed
     ), f"debian/{tool}.install does not ship the bash completion"
 
 
-def test_every_tool_module_is_shipped_by_exactly_one_package():
+def test_every_package_directory_is_a_tool_shipped_by_exactly_one_package():
+    # lib/debadmin holds the shared library (*.py, python3-debadmin) and one directory per
+    # tool: a directory that is not a tool in bin/ is a layout nobody can find their way in.
+    assert TOOL_PACKAGES == sorted(t.replace("-", "_") for t in TOOLS)
     shipped = {}
     for path in (SRC / "debian").glob("*.install"):
         for line in lines(path):
             if line.startswith(SITE):
                 shipped.setdefault(line[len(SITE) :], []).append(path.stem)
-    tools_dir = SRC / "lib" / "debadmin" / "tools"
-    for module in sorted(p.name for p in tools_dir.glob("*.py")):
-        assert len(shipped.get(module, [])) == 1, f"{module} shipped by {shipped.get(module)}"
+    assert shipped.pop("*.py") == ["python3-debadmin"]
+    for name in TOOL_PACKAGES:
+        assert shipped.pop(f"{name}/", None) == [name.replace("_", "-")], f"{name}/ shipped by?"
+    assert not shipped, f"unexpected install lines {shipped}"
+    packages = (SRC / "setup.cfg").read_text().split("packages =")[1].split()
+    assert packages == ["debadmin"] + [f"debadmin.{name}" for name in TOOL_PACKAGES]
+
+
+def imports_of(path: Path):
+    """debadmin modules a module imports anywhere (also inside functions), as dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("debadmin.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "debadmin" or node.module.startswith("debadmin."):
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def module_graph():
+    lib = SRC / "lib"
+    graph = {}
+    for path in sorted((lib / "debadmin").rglob("*.py")):
+        name = ".".join(path.relative_to(lib).with_suffix("").parts)
+        graph[name.removesuffix(".__init__")] = imports_of(path)
+    # 'from debadmin.x import f' names a function: the edge is to the module debadmin.x.
+    return {
+        name: {i if i in graph else i.rsplit(".", 1)[0] for i in imported} & set(graph)
+        for name, imported in graph.items()
+    }
+
+
+def test_no_import_circle():
+    graph = module_graph()
+    state = {}
+
+    def visit(name, trail):
+        if state.get(name) == "done":
+            return
+        assert state.get(name) != "open", "import circle: " + " -> ".join(trail + [name])
+        state[name] = "open"
+        for other in sorted(graph[name]):
+            visit(other, trail + [name])
+        state[name] = "done"
+
+    for name in graph:
+        visit(name, [])
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_tool_imports_only_its_own_package_and_the_library(tool):
+    own = "debadmin." + package_of(tool).name
+    shared = {f"debadmin.{p.stem}" for p in (SRC / "lib" / "debadmin").glob("*.py")}
+    shared = {"debadmin" if s == "debadmin.__init__" else s for s in shared}
+    for path in modules_of(tool):
+        for imported in imports_of(path):
+            assert (
+                imported.startswith(own + ".")
+                or imported.rsplit(".", 1)[0] in shared
+                or imported in shared
+            ), f"{path.relative_to(SRC)} imports {imported}"
 
 
 def test_no_binary_package_without_a_tool():
@@ -220,7 +287,7 @@ def test_imports_are_unconditional_build_dependencies(tool):
     depends = {r.split()[0] for r in relations(BINARIES[tool]["Depends"])}
     depends |= {r.split()[0] for r in relations(BINARIES["python3-debadmin"]["Depends"])}
     for module in modules_of(tool):
-        tree = ast.parse((SRC / "lib" / "debadmin" / "tools" / module).read_text())
+        tree = ast.parse(module.read_text())
         for node in tree.body:
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -325,7 +392,7 @@ def test_library_modules_a_tool_uses_have_their_packages(tool):
     depends |= {r.split()[0] for r in relations(BINARIES["python3-debadmin"]["Depends"])}
     used = set()
     for module in modules_of(tool):
-        used |= third_party_imports(LIB / "tools" / module)[1]
+        used |= third_party_imports(module)[1]
     for name in sorted(used & {p.stem for p in LIB.glob("*.py")}):
         for imported in third_party_imports(LIB / f"{name}.py")[0]:
             package = PACKAGE_OF_MODULE.get(imported)

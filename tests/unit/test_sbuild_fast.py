@@ -16,9 +16,9 @@ import pytest
 
 from debadmin import posixacl as A
 from debadmin.errors import Error
-from debadmin.tools import sbuild_fast as sf
-from debadmin.tools import sbuild_fast_doctor as sfd
-from debadmin.tools import sbuild_fast_sbuild as sbs
+from debadmin.sbuild_fast import main as sf
+from debadmin.sbuild_fast import doctor as sfd
+from debadmin.sbuild_fast import sbuild as sbs
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sbuild-fast"
 

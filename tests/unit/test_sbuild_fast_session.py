@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from debadmin.errors import Error
-from debadmin.tools import sbuild_fast_sbuild as sbs
-from debadmin.tools import sbuild_fast_session as sfs
+from debadmin.sbuild_fast import sbuild as sbs
+from debadmin.sbuild_fast import session as sfs
 
 
 def sbuild_decode(answer: str):
@@ -169,7 +169,7 @@ def test_config_block_selects_the_session_backend():
 
 
 def test_doctor_knows_the_session_backend():
-    from debadmin.tools import sbuild_fast_doctor as sfd
+    from debadmin.sbuild_fast import doctor as sfd
 
     config = {"chroot_mode": "autopkgtest", "autopkgtest_virt_server": "/usr/bin/sbuild-fast"}
     assert sbs.uses_session_backend(config)
@@ -187,7 +187,7 @@ def test_doctor_knows_the_session_backend():
 
 
 def test_doctor_does_not_offer_schroot_to_session_backend_users():
-    from debadmin.tools import sbuild_fast_doctor as sfd
+    from debadmin.sbuild_fast import doctor as sfd
 
     facts = {
         "chroots": [{"mode": "unshare"}],

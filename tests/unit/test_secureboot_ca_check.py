@@ -23,8 +23,9 @@ from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
-from debadmin.tools import secureboot_ca_check as sbc
-from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.secureboot_ca_check import main as sbc
+from debadmin.secureboot_ca_check import checks
+from debadmin.secureboot_ca_check import efi
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
 REAL = DATA / "real"
@@ -195,7 +196,7 @@ def test_real_ovmf_lists_identify_microsoft_by_fingerprint():
     kek = efi.parse_signature_lists((REAL / "ovmf-ms-KEK.esl").read_bytes(), "KEK")
     db = efi.parse_signature_lists((REAL / "ovmf-ms-db.esl").read_bytes(), "db")
     dbx = efi.parse_signature_lists((REAL / "ovmf-ms-dbx.esl").read_bytes(), "dbx")
-    ids = [sbc.KNOWN_CAS.get(efi.fingerprint(e.cert), ("-",))[0] for e in kek + db]
+    ids = [checks.KNOWN_CAS.get(efi.fingerprint(e.cert), ("-",))[0] for e in kek + db]
     assert ids == ["-", "kek_ca_2011", "windows_production_pca_2011", "uefi_ca_2011"]
     assert [e.owner for e in db] == [efi.MICROSOFT_OWNER] * 2
     assert [(e.kind, len(e.data)) for e in dbx] == [("sha256", 32)]
@@ -206,7 +207,7 @@ def test_real_shim_ca_certificates_match_the_reference_table():
         ("microsoft-uefi-ca-2011.der", "uefi_ca_2011"),
         ("microsoft-uefi-ca-2023.der", "uefi_ca_2023"),
     ):
-        assert sbc.KNOWN_CAS[efi.fingerprint(real_cert(name))][0] == ca_id
+        assert checks.KNOWN_CAS[efi.fingerprint(real_cert(name))][0] == ca_id
 
 
 @pytest.mark.parametrize(
@@ -241,7 +242,7 @@ def test_sha256_list_with_wrong_entry_size():
 def test_zero_padded_certificate_is_accepted_garbage_is_not():
     der = real_cert("microsoft-uefi-ca-2023.der").public_bytes(serialization.Encoding.DER)
     entries = efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0" * 16]), "db")
-    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    assert checks.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
     with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
         efi.parse_signature_lists(esl(efi.CERT_X509, [der + b"\0junk"]), "db")
     with pytest.raises(Error, match="entry 1 is not a DER X.509 certificate"):
@@ -289,12 +290,12 @@ def test_db_with_uefi_ca_2023_leaves_only_the_kek(tmp_path, capsys):
 def test_all_2023_present_is_ok(tmp_path):
     """The verdict logic with a KEK stand-in: no Debian package ships the real KEK 2023."""
     stand_in, _ = make_cert("Stand-in KEK 2023", org="Test")
-    known = {fp: v for fp, v in sbc.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
+    known = {fp: v for fp, v in checks.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
     known[efi.fingerprint(stand_in)] = ("kek_2k_ca_2023", "Stand-in KEK 2023", "KEK")
     kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(stand_in)
     db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek, db=db))
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW, known
     )
     assert report["verdict"] == "ok" and report["exit_status"] == 0
@@ -309,7 +310,7 @@ def test_all_2023_present_is_ok(tmp_path):
             dbDefault=(REAL / "ovmf-ms-db.esl").read_bytes(),
         ),
     )
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars2), efi.read_efivars(efivars2), [], tmp_path, NOW, known
     )
     assert report["exit_status"] == 0
@@ -519,7 +520,7 @@ def test_real_shim_signatures():
     image = efi.read_pe(SHIM)
     assert len(image.signatures) == 2 and all(s.digest_found for s in image.signatures)
     cas = [
-        [sbc.KNOWN_CAS.get(efi.fingerprint(c), ("-",))[0] for c in s.certs]
+        [checks.KNOWN_CAS.get(efi.fingerprint(c), ("-",))[0] for c in s.certs]
         for s in image.signatures
     ]
     assert "uefi_ca_2011" in cas[0] and "uefi_ca_2023" in cas[1]
@@ -709,7 +710,7 @@ def shim_report(tmp_path, image: bytes, name="shim.efi", **variables):
     own, _ = make_cert("Owner PK")
     base = {"SecureBoot": b"\x01", "SetupMode": b"\x00", "PK": cert_esl(own), "KEK": cert_esl(own)}
     efivars = write_efivars(tmp_path / f"efivars-{name}", {**base, "dbx": b"", **variables})
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
     )
     return report["shims"][0], report
@@ -834,13 +835,13 @@ def test_unforeseen_failure_is_one_error_line(tmp_path, capsys, monkeypatch):
 def test_microsoft_platform_keys_are_not_lookalikes(tmp_path, cn):
     """Hyper-V/Azure Gen2 VMs and Windows OEM machines have Microsoft-named PKs of their own."""
     stand_in, _ = make_cert("Stand-in KEK 2023", org="Test")
-    known = {fp: v for fp, v in sbc.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
+    known = {fp: v for fp, v in checks.KNOWN_CAS.items() if v[0] != "kek_2k_ca_2023"}
     known[efi.fingerprint(stand_in)] = ("kek_2k_ca_2023", "Stand-in KEK 2023", "KEK")
     kek = (REAL / "ovmf-ms-KEK.esl").read_bytes() + cert_esl(stand_in)
     db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     pk, _ = make_cert(cn, org="Microsoft Corporation")
     efivars = write_efivars(tmp_path / "efivars", ms_variables(KEK=kek, db=db, PK=cert_esl(pk)))
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW, known
     )
     assert (
@@ -853,9 +854,9 @@ def test_microsoft_platform_keys_are_not_lookalikes(tmp_path, cn):
 def test_lookalike_name_variants_are_flagged(tmp_path):
     for cn in ("microsoft corporation  KEK 2K CA 2023", "Microsoft UEFI CA\u00a02023"):
         fake, _ = make_cert(cn, org="Whoever")
-        entry = sbc.describe_cert(fake, NOW, sbc.KNOWN_CAS)
+        entry = checks.describe_cert(fake, NOW, checks.KNOWN_CAS)
         assert entry["lookalike"] and entry["microsoft_ca"] is None, cn
-    genuine = sbc.describe_cert(real_cert("microsoft-uefi-ca-2023.der"), NOW, sbc.KNOWN_CAS)
+    genuine = checks.describe_cert(real_cert("microsoft-uefi-ca-2023.der"), NOW, checks.KNOWN_CAS)
     assert not genuine["lookalike"] and genuine["microsoft_ca"] == "uefi_ca_2023"
 
 
@@ -957,7 +958,7 @@ def test_textfile_records_the_real_error(tmp_path, capsys):
         str(textfile),
     )
     assert rc == 2 and out == "" and "no MZ header" in err and err.count("\n") == 1
-    assert "secureboot_ca_check_status 2\n" in (textfile / sbc.TEXTFILE_NAME).read_text()
+    assert "secureboot_ca_check_status 2\n" in (textfile / checks.TEXTFILE_NAME).read_text()
 
 
 def test_metric_families_are_grouped(tmp_path, capsys):
@@ -970,7 +971,7 @@ def test_metric_families_are_grouped(tmp_path, capsys):
         (tmp_path / name).write_bytes(generated_ms_varstore())
     rc, out, err = run(capsys, *paths, "--textfile-dir", str(textfile), "--quiet")
     assert rc == 1
-    lines = (textfile / sbc.TEXTFILE_NAME).read_text().splitlines()
+    lines = (textfile / checks.TEXTFILE_NAME).read_text().splitlines()
     families = []
     for line in lines:
         name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
@@ -978,7 +979,7 @@ def test_metric_families_are_grouped(tmp_path, capsys):
             families.append(name)
     assert len(families) == len(set(families)) == 7, families
     samples = [line for line in lines if line.startswith("secureboot_ca_check_ca_present{")]
-    assert len(samples) == 2 * len(sbc.KNOWN_CAS)
+    assert len(samples) == 2 * len(checks.KNOWN_CAS)
 
 
 def test_spec_signature_types_are_reported(tmp_path, capsys):
@@ -1050,11 +1051,11 @@ def test_fifos_are_refused_not_waited_for(tmp_path, capsys):
         ):
             rc, out, err = run(capsys, *argv)
             assert rc == 2 and out == "" and "not a regular file" in err and str(where) in err
-        status = tmp_path / "root" / sbc.DPKG_STATUS
+        status = tmp_path / "root" / checks.DPKG_STATUS
         status.parent.mkdir(parents=True)
         os.mkfifo(status)
         with pytest.raises(Error, match="not a regular file"):
-            sbc.fwupd_status(tmp_path / "root")
+            checks.fwupd_status(tmp_path / "root")
         with pytest.raises(Error, match="not a regular file"):
             efi.read_pe(fifo)
     finally:
@@ -1080,12 +1081,12 @@ def test_fwupd_status(tmp_path, stanza, installed, recent):
     status.write_text(
         "Package: base-files\nStatus: install ok installed\nVersion: 12.4\n\n" + stanza
     )
-    result = sbc.fwupd_status(tmp_path)
+    result = checks.fwupd_status(tmp_path)
     assert (result["installed"], result["recent_enough"]) == (installed, recent)
 
 
 def test_fwupd_absent_dpkg_status(tmp_path):
-    assert sbc.fwupd_status(tmp_path)["installed"] is False
+    assert checks.fwupd_status(tmp_path)["installed"] is False
 
 
 def test_textfile_metric(tmp_path, capsys):
@@ -1279,13 +1280,13 @@ def test_fuzz_db_through_check_shim():
     def check(data: bytes) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            db = sbc.describe_database(
-                efi.Variable("db", "", 0x27, data), "fuzz", NOW, sbc.KNOWN_CAS
+            db = checks.describe_database(
+                efi.Variable("db", "", 0x27, data), "fuzz", NOW, checks.KNOWN_CAS
             )
-            dbx = sbc.describe_database(
-                efi.Variable("dbx", "", 0x27, data), "fuzz", NOW, sbc.KNOWN_CAS
+            dbx = checks.describe_database(
+                efi.Variable("dbx", "", 0x27, data), "fuzz", NOW, checks.KNOWN_CAS
             )
-            sbc.check_shim(image, {"db": db, "dbx": dbx}, NOW, sbc.KNOWN_CAS)
+            checks.check_shim(image, {"db": db, "dbx": dbx}, NOW, checks.KNOWN_CAS)
 
     check(seed)
     fuzz_one(check, seed, rng, 300)
@@ -1443,7 +1444,7 @@ def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
         + esl(efi.CERT_X509, [pem_text(der)[:40] + b"!!!!" + pem_text(der)[44:]])
     )
     assert [e.usable for e in entries] == [False]
-    assert sbc.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
+    assert checks.KNOWN_CAS[efi.fingerprint(entries[0].cert)][0] == "uefi_ca_2023"
     assert [p.code for p in problems] == ["pem-entry", "unreadable"]
     # A PEM copy of UEFI CA 2023 in db does not count: firmware cannot use it.
     efivars = write_efivars(
@@ -1452,7 +1453,7 @@ def test_pem_certificate_with_its_usual_header_and_a_broken_one(tmp_path):
             db=(REAL / "ovmf-ms-db.esl").read_bytes() + esl(efi.CERT_X509, [pem_text(der)])
         ),
     )
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [], tmp_path, NOW
     )
     assert report["microsoft_cas"]["uefi_ca_2023"]["in_db"] is False
@@ -1558,7 +1559,7 @@ def test_list_size_beyond_whole_signatures_is_read_as_edk2_does(tmp_path, capsys
     one = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     padded = one[:16] + struct.pack("<I", len(one) + len(tail)) + one[20:] + tail
     entries, problems = efi.read_signature_lists(padded)
-    assert [sbc.KNOWN_CAS[efi.fingerprint(e.cert)][0] for e in entries] == ["uefi_ca_2023"]
+    assert [checks.KNOWN_CAS[efi.fingerprint(e.cert)][0] for e in entries] == ["uefi_ca_2023"]
     code = "trailing-data" if tail == b"junk" else "padding"
     assert [(p.code, p.severity) for p in problems] == [(code, "info")]
     assert f"{len(tail)} bytes of" in problems[0].message
@@ -1637,7 +1638,7 @@ def test_dbx_refusal_names_the_revocation(tmp_path, revoke):
         else cert_esl(ca)
     )
     efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db, dbx=dbx))
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
     )
     refused = [f for f in report["findings"] if f["code"] == "shim-not-accepted"]
@@ -1649,7 +1650,7 @@ def test_dbx_refusal_names_the_revocation(tmp_path, revoke):
     assert not any("before db holds a CA" in s for s in report["next_steps"])
     # Not revoked, only unknown to db: the old advice stands.
     efivars = write_efivars(tmp_path / "efivars2", ms_variables())
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars", str(efivars), efi.read_efivars(efivars), [shim], tmp_path, NOW
     )
     assert any("before db holds a CA" in s for s in report["next_steps"])
@@ -1701,7 +1702,7 @@ def test_secure_boot_enable_in_a_varstore(tmp_path, capsys, value, status, verdi
 )
 def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
     fake, _ = make_cert(cn, org="Microsoft Corporation")
-    assert sbc.describe_cert(fake, NOW, sbc.KNOWN_CAS)["lookalike"]
+    assert checks.describe_cert(fake, NOW, checks.KNOWN_CAS)["lookalike"]
     db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(fake)
     efivars = write_efivars(tmp_path / "efivars", ms_variables(db=db))
     rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
@@ -1727,7 +1728,7 @@ def test_confusable_copies_of_2023_names_are_lookalikes(tmp_path, capsys, cn):
 )
 def test_other_names_are_not_lookalikes(cn):
     cert, _ = make_cert(cn)
-    assert not sbc.describe_cert(cert, NOW, sbc.KNOWN_CAS)["lookalike"]
+    assert not checks.describe_cert(cert, NOW, checks.KNOWN_CAS)["lookalike"]
 
 
 # --- crafted large inputs (timings: bench/secureboot-ca-check) ----------------------------------
@@ -1806,7 +1807,7 @@ def test_no_uefi_is_an_info_line_not_an_error(tmp_path, capsys, quiet):
     rc, out, err = run(capsys, "--root", str(tmp_path), *quiet)
     assert rc == 3 and out == ""
     assert err == (
-        f"secureboot-ca-check: {tmp_path / sbc.EFIVARS} does not exist: this system did not "
+        f"secureboot-ca-check: {tmp_path / checks.EFIVARS} does not exist: this system did not "
         "boot with UEFI (or efivarfs is not mounted)\n"
     )
     assert "error" not in err
@@ -1823,7 +1824,7 @@ def test_no_uefi_json_is_a_document(tmp_path, capsys):
     assert doc["findings"] == [
         {"code": "no-uefi", "severity": "info", "subject": None, "message": doc["reason"]}
     ]
-    assert "secureboot_ca_check_status 3\n" in (textfile / sbc.TEXTFILE_NAME).read_text()
+    assert "secureboot_ca_check_status 3\n" in (textfile / checks.TEXTFILE_NAME).read_text()
 
 
 def test_garbage_db_names_the_unknown_type_first(tmp_path, capsys):
@@ -1852,7 +1853,9 @@ def test_fuzz_messy_variables_through_the_report(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
-                report = sbc.build_report("efivars", f"fuzz{number}", variables, [], tmp_path, NOW)
+                report = checks.build_report(
+                    "efivars", f"fuzz{number}", variables, [], tmp_path, NOW
+                )
             except Error as exc:
                 assert "\n" not in str(exc) and name in ("KEK", "db")
                 continue
@@ -1975,7 +1978,7 @@ def test_odd_secure_boot_enable_is_read_as_edk2_reads_it(
 def test_next_steps_come_from_findings_alone():
     """No report, no variables: the advice is made from findings (issue 17 item 4)."""
     from debadmin.findings import finding
-    from debadmin.tools import secureboot_ca_check_rules as rules
+    from debadmin.secureboot_ca_check import rules
 
     found = [
         finding("kek-2023-missing", "action", "KEK lacks it", "KEK"),
@@ -2004,7 +2007,7 @@ def test_next_steps_come_from_findings_alone():
 
 
 def test_update_means_are_findings_only_when_an_update_is_due(tmp_path):
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars",
         "x",
         {
@@ -2021,11 +2024,11 @@ def test_update_means_are_findings_only_when_an_update_is_due(tmp_path):
     db = (REAL / "ovmf-ms-db.esl").read_bytes() + cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     fake_kek_2023, _ = make_cert("Stand-in KEK 2023")
     known = {
-        **sbc.KNOWN_CAS,
+        **checks.KNOWN_CAS,
         efi.fingerprint(fake_kek_2023): ("kek_2k_ca_2023", "Stand-in", "KEK"),
     }
     variables = ms_variables(KEK=kek + cert_esl(fake_kek_2023), db=db)
-    report = sbc.build_report(
+    report = checks.build_report(
         "efivars",
         "x",
         {

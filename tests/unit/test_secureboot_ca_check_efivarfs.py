@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from debadmin.tools import secureboot_ca_check as sbc
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_efivarfs as efivarfs
-from debadmin.tools import secureboot_ca_check_fix as fix
-from debadmin.tools import secureboot_ca_check_payloads as payloads
+from debadmin.secureboot_ca_check import main as sbc
+
+from debadmin.secureboot_ca_check import checks
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import efivarfs
+from debadmin.secureboot_ca_check import fix
+from debadmin.secureboot_ca_check import payloads
 
 SRC = Path(__file__).resolve().parents[2]
 OBJECTS = SRC / "data" / "secureboot_objects"
@@ -236,7 +238,7 @@ def test_report_on_a_dump_says_whether_a_fix_is_available(tmp_path, capsys):
     # A dump is another machine: no fwupd, no shim of this host.
     assert report["fwupd"] is None and report["shims"] == []
     assert not {"fwupd-missing", "fwupd-too-old"} & codes
-    prom = (textfile / sbc.TEXTFILE_NAME).read_text()
+    prom = (textfile / checks.TEXTFILE_NAME).read_text()
     assert f'secureboot_ca_check_offline_fix_available{{source="{efivars}"}} 1' in prom
     assert f'secureboot_ca_check_kek_update_published{{source="{efivars}"}} 1' in prom
 
@@ -446,8 +448,8 @@ REFUSE = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-from debadmin.tools import secureboot_ca_check
-sys.exit(secureboot_ca_check.main(sys.argv[1:]))
+from debadmin.secureboot_ca_check.main import main
+sys.exit(main(sys.argv[1:]))
 """
 
 

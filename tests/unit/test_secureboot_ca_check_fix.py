@@ -21,9 +21,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from debadmin.tools import secureboot_ca_check as sbc
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_fix as fix
+from debadmin.secureboot_ca_check import main as sbc
+
+from debadmin.secureboot_ca_check import checks
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import fix
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "secureboot-ca-check"
 REAL = DATA / "real"
@@ -196,7 +198,7 @@ def slots(data: bytes):
 
 def test_targets_are_the_known_cas():
     for ca_id, name, home, sha256 in fix.TARGETS:
-        assert sbc.KNOWN_CAS[sha256] == (ca_id, name, home)
+        assert checks.KNOWN_CAS[sha256] == (ca_id, name, home)
 
 
 def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
@@ -494,7 +496,7 @@ def test_real_uefi_ca_2023_der_and_pem(tmp_path, capsys):
         )
         # KEK 2K CA 2023 has no certificate here: still action needed.
         assert rc == 1 and "added Microsoft UEFI CA 2023 to db" in out, err
-        report = sbc.build_report(
+        report = checks.build_report(
             "varstore", "x", efi.read_varstore(path), [], tmp_path, datetime.datetime(2026, 11, 1)
         )
         assert report["microsoft_cas"]["uefi_ca_2023"]["in_db"]
@@ -1266,7 +1268,7 @@ def test_files_are_read_when_libvirt_is_not_asked_and_it_says_so(tmp_path, capsy
 
 
 def test_a_running_vms_store_is_read_until_two_reads_agree(tmp_path, monkeypatch):
-    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     reads = iter([b"a", b"b", b"c", b"c"])
     monkeypatch.setattr(fix, "read_nvram", lambda path: next(reads))
     assert libvirt.read_running(tmp_path) == b"c"
@@ -1278,7 +1280,7 @@ def test_a_running_vms_store_is_read_until_two_reads_agree(tmp_path, monkeypatch
 def test_live_definition_from_virsh_dumpxml(tmp_path):
     """What virsh dumpxml prints for a running transient domain: the <nvram> libvirt
     chose, the template it copied."""
-    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     xml = DOMAIN_XML.format(
         name="tr",
         uuid=uuid.uuid4(),
@@ -1514,7 +1516,7 @@ def test_a_domain_gone_between_list_and_dumpxml_is_skipped(tmp_path, monkeypatch
     """Real virsh never says "Domain not found" there: the domain that went away was an
     error verdict (exit 2); the one whose definition cannot be read is named by its name
     and not said to be persistent when libvirt lists it as transient."""
-    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     ids = {k: str(uuid.uuid4()) for k in ("gone", "broken", "good")}
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -1562,7 +1564,7 @@ def test_stateless_and_rom_loaders_have_no_nvram(tmp_path, capsys, fakes, loader
 
 
 def test_stateless_loader_matches_no_flash_template(tmp_path):
-    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     os_element = libvirt.ElementTree.fromstring(
         "<os firmware='efi'><type arch='x86_64' machine='pc-q35-7.2'>hvm</type>"
         "<loader stateless='yes'/></os>"
@@ -1605,7 +1607,7 @@ def test_template_links_under_root_stay_in_root(tmp_path, capsys, fakes):
 
 
 def test_nvram_directory_links_under_root_stay_in_root(tmp_path, capsys):
-    libvirt = importlib.import_module("debadmin.tools.secureboot_ca_check_libvirt")
+    libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     (tmp_path / "var/lib").mkdir(parents=True)
     (tmp_path / "srv").mkdir()
     (tmp_path / "var/lib/libvirt").symlink_to("/srv")

@@ -12,8 +12,8 @@ from asn1crypto import cms
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from debadmin.errors import Error
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_payloads as payloads
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import payloads
 
 SRC = Path(__file__).resolve().parents[2]
 OBJECTS = SRC / "data" / "secureboot_objects"

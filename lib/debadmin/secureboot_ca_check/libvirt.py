@@ -21,9 +21,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from debadmin.errors import EXIT_ACTION, EXIT_ERROR, EXIT_OK, Error, NotApplicable
 from debadmin.output import emit_json
-from debadmin.tools import secureboot_ca_check as sbc
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_fix as fix
+from debadmin.secureboot_ca_check import PROG, checks
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import fix
 
 DOMAIN_DIR = "etc/libvirt/qemu"
 RUN_DIR = "run/libvirt/qemu"
@@ -568,7 +568,7 @@ def judge_store(
     try:
         path, data = read()
         variables = efi.parse_varstore(data, str(path))
-        report = sbc.build_report("varstore", str(path), variables, [], root, now)
+        report = checks.build_report("varstore", str(path), variables, [], root, now)
     except FileNotFoundError:
         return error_entry(entry, f"{gone}: no such file")
     except OSError as exc:
@@ -747,7 +747,7 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
                 )
             out.append(head + entry["verdict"])
             if not quiet:
-                text = sbc.render_text(entry["report"], quiet)
+                text = checks.render_text(entry["report"], quiet)
                 out += ["    " + line if line else "" for line in text.splitlines()]
         fixed = entry.get("fix")
         if fixed:
@@ -757,7 +757,7 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
             out += ["    " + line for line in fix.render_fix(fixed, entry.get("dry_run", False))]
         if entry.get("skipped"):
             out.append(f"    not fixed: {entry['skipped']}")
-    return "\n".join(sbc.printable(line) for line in out) + "\n"
+    return "\n".join(checks.printable(line) for line in out) + "\n"
 
 
 def combined(entries: List[dict]) -> int:
@@ -832,7 +832,7 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
                 {"applicable": False, "reason": str(exc), "domains": [], "exit_status": exc.code}
             )
         else:
-            print(f"{sbc.PROG}: {sbc.printable(str(exc))}", file=sys.stderr)
+            print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
         return exc.code
     certs = fix.available_certs(args.cert or [], root, args.payloads) if args.fix else {}
     entries = []

@@ -24,7 +24,7 @@ from debadmin import cli, fsutil, proc, sysconf
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
-from debadmin.tools import ipv6_ra_forward_owner as owners
+from debadmin.ipv6_ra_forward import owner as owners
 
 PROG = "ipv6-ra-forward"
 log = logging.getLogger("debadmin")

@@ -16,8 +16,8 @@ from cryptography import x509
 
 from debadmin.errors import Error, NotApplicable
 from debadmin.output import emit_json
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_payloads as payloads
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import payloads
 
 log = logging.getLogger("debadmin")
 

@@ -18,8 +18,8 @@ from debadmin import proc
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.output import emit_json
-from debadmin.tools import sbuild_fast_sbuild as sbs
-from debadmin.tools import sbuild_fast_session as sfs
+from debadmin.sbuild_fast import sbuild as sbs
+from debadmin.sbuild_fast import session as sfs
 
 Facts = Dict
 Findings = List[Dict]

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from debadmin.errors import Error
-from debadmin.tools import secureboot_ca_check_efi as efi
+from debadmin.secureboot_ca_check import efi
 
 # Where the package installs Microsoft's objects, as published (same relative paths as
 # github.com/microsoft/secureboot_objects); --payloads names another checkout.

@@ -23,8 +23,8 @@ from cryptography import x509
 from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
-from debadmin.tools import secureboot_ca_check_efi as efi
-from debadmin.tools import secureboot_ca_check_payloads as payloads
+from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import payloads
 
 # What --fix adds: (id, subject CN, variable, SHA-256 fingerprint), as in
 # secureboot_ca_check.KNOWN_CAS (a unit test keeps the two equal).

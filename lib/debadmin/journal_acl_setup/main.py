@@ -16,7 +16,7 @@ from pathlib import Path
 from debadmin import cli, fsutil, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
-from debadmin.tools import journal_acl_setup_walk as walker
+from debadmin.journal_acl_setup import walk as walker
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (~2.5 ms of a check)
 if TYPE_CHECKING:
@@ -207,11 +207,11 @@ def write_configured_groups(root: Path, names: List[str]) -> None:
 
 
 def acl_state() -> Any:
-    """journal_acl_setup_state, imported by apply and revert only: sqlite3 is a start-up
+    """The state module, imported by apply and revert only: sqlite3 is a start-up
     cost check has no use for."""
-    from debadmin.tools import journal_acl_setup_state
+    from debadmin.journal_acl_setup import state
 
-    return journal_acl_setup_state
+    return state
 
 
 # What apply can fix; any other finding of severity action stays for the admin.

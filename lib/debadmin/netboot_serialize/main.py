@@ -21,7 +21,7 @@ from debadmin import cli, fsutil
 from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
-from debadmin.tools import netboot_serialize_tar as tarball
+from debadmin.netboot_serialize import tar as tarball
 
 PROG = "netboot-serialize"
 log = logging.getLogger("debadmin")

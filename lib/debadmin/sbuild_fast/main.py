@@ -21,9 +21,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from debadmin import __version__, cli, debver, fsutil, proc
 from debadmin.errors import EXIT_OK, Error
 from debadmin.output import emit_json
-from debadmin.tools import sbuild_fast_doctor as sfd
-from debadmin.tools import sbuild_fast_sbuild as sbs
-from debadmin.tools import sbuild_fast_session as sfs
+from debadmin.sbuild_fast import doctor as sfd
+from debadmin.sbuild_fast import sbuild as sbs
+from debadmin.sbuild_fast import session as sfs
 
 PROG = "sbuild-fast"
 log = logging.getLogger("debadmin")

@@ -1,0 +1,328 @@
+"""secureboot-ca-check: does this machine need the 2026 Secure Boot CA updates?
+
+The command line: which sources to read, then checks.py's reports as text, JSON or
+metrics, or one of the fixes (fix.py, libvirt.py, efivarfs.py)."""
+
+import argparse
+import datetime
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import List, Optional
+
+from cryptography.utils import CryptographyDeprecationWarning
+
+from debadmin import cli
+from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
+from debadmin.findings import finding
+from debadmin.output import emit_json
+from debadmin.secureboot_ca_check import PROG, checks, efi, efivarfs
+
+log = logging.getLogger("debadmin")
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
+    if args.root and not Path(args.root).is_dir():
+        # A root the admin named is bad input, not a host without UEFI.
+        raise Error(f"{args.root}: no such directory")
+    root = Path(args.root or "/")
+    reports = []
+    explicit_shims = [Path(args.shim)] if args.shim else []
+    if args.efivars or not args.varstore:
+        directory = Path(args.efivars) if args.efivars else root / checks.EFIVARS
+        if args.efivars and not directory.is_dir():
+            # A directory the admin named is bad input, not a host without UEFI.
+            raise Error(f"{directory}: no such directory")
+        if not directory.is_dir():
+            raise NotApplicable(
+                f"{directory} does not exist: this system did not boot "
+                "with UEFI (or efivarfs is not mounted)"
+            )
+        variables = efi.read_efivars(directory)
+        log.debug(
+            "%s: read %s",
+            checks.printable(str(directory)),
+            ", ".join(sorted(variables)) or "nothing",
+        )
+        # A dump named by --efivars is another machine's: none of this host's facts (its
+        # shims, its fwupd) belong in its report, unless --root names that machine's tree.
+        host = not args.efivars or bool(args.root)
+        shims = explicit_shims or (checks.default_shims(root) if host else [])
+        log.debug("shims to check: %s", checks.printable(", ".join(map(str, shims))) or "none")
+        reports.append(
+            checks.build_report(
+                "efivars",
+                str(directory),
+                variables,
+                shims,
+                root,
+                now,
+                host=host,
+                payloads_dir=args.payloads,
+            )
+        )
+    for path in args.varstore or []:
+        variables = efi.read_varstore(Path(path))
+        log.debug("%s: read %s", checks.printable(path), ", ".join(sorted(variables)) or "nothing")
+        reports.append(
+            checks.build_report(
+                "varstore",
+                path,
+                variables,
+                explicit_shims,
+                root,
+                now,
+                host=False,
+                payloads_dir=args.payloads,
+            )
+        )
+    for report in reports:
+        log.debug(
+            "%s: %s (%s)",
+            checks.printable(report["source"]["path"]),
+            report["verdict"],
+            ", ".join(f["code"] for f in report["findings"]) or "no findings",
+        )
+    return reports
+
+
+def evaluate(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
+    """collect(), with whatever the parsers did not foresee turned into an error.
+
+    Python exits 1 on an uncaught exception, and 1 means "action needed" to the service
+    and to scripts: a hostile or unforeseen input must exit 2 with one line instead.
+    """
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            # Whatever checks.build_report() did not turn into findings: to the debug log, never
+            # to stderr (hostile input gets a report or one error line).
+            warnings.simplefilter("always")
+            try:
+                return collect(args, now)
+            finally:
+                for message in dict.fromkeys(str(w.message) for w in caught):
+                    log.debug("warning from a library: %s", checks.printable(message))
+    except Error:
+        raise
+    except Exception as exc:
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(
+            checks.printable(f"cannot evaluate the input ({exc.__class__.__name__}: {exc})")
+        ) from None
+
+
+def combined_status(reports: List[dict]) -> int:
+    codes = [r["exit_status"] for r in reports]
+    if EXIT_ACTION in codes:
+        return EXIT_ACTION
+    if EXIT_OK in codes:
+        return EXIT_OK
+    return EXIT_NOT_APPLICABLE
+
+
+def json_document(reports: List[dict], status: int) -> dict:
+    """The --json document: every report, and all their findings in one list, each
+    with the path of the source it is about."""
+    findings = [
+        {**f, "source": report["source"]["path"]} for report in reports for f in report["findings"]
+    ]
+    return {"reports": reports, "findings": findings, "exit_status": status}
+
+
+ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, not one per value
+
+
+def json_text(value, level: int = 0) -> str:
+    """value as json.dumps(value, indent=2, ensure_ascii=False) lays it out, except that a
+    dict or list holding no dict or list (one certificate, one finding) is one line.
+
+    With indent, json encodes in Python, token by token: 0.45 s of CPU for the 13 MB
+    report of a crafted store of 9,300 certificates; its C encoder, used here for each
+    record, takes a fifth of that (bench/secureboot-ca-check)."""
+    if isinstance(value, dict) and any(isinstance(v, (dict, list)) for v in value.values()):
+        pad = "  " * (level + 1)
+        items = (
+            f"{pad}{ENCODE(key)}: {json_text(item, level + 1)}" for key, item in value.items()
+        )
+        return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        pad = "  " * (level + 1)
+        items = (pad + json_text(item, level + 1) for item in value)
+        return "[\n" + ",\n".join(items) + "\n" + "  " * level + "]"
+    return ENCODE(value)
+
+
+def print_json(document: dict) -> None:
+    """debadmin.output.emit_json's document, laid out by json_text."""
+    text = json_text(document)
+    # Lone surrogates (undecodable bytes of a file name) as JSON's \udcXX escapes.
+    sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+    sys.stdout.flush()
+
+
+def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Error) -> int:
+    """No UEFI here: a verdict, not an error.  One info line on stderr (the weekly
+    service logs it as such, -q or not), or with --json a document saying so."""
+    if textfile:
+        checks.write_metrics(textfile, [], exc.code)
+    if args.json:
+        emit_json(
+            {
+                "applicable": False,
+                "reason": str(exc),
+                "reports": [],
+                "findings": [finding("no-uefi", "info", str(exc))],
+                "exit_status": exc.code,
+            }
+        )
+    else:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+    return exc.code
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    quiet = getattr(args, "verbosity", 0) == -1
+    textfile = checks.textfile_directory(args.textfile_dir)
+    try:
+        reports = evaluate(args, now)
+    except NotApplicable as exc:
+        return not_applicable(args, textfile, exc)
+    except Error as exc:
+        if textfile:
+            try:
+                checks.write_metrics(textfile, [], exc.code)
+            except Error as failure:
+                # Both on one line: the check's own error is what the admin needs first.
+                raise Error(f"{exc}; {failure}") from None
+        raise
+    status = combined_status(reports)
+    if textfile:
+        # Before the report: a failure to write the metric then prints one error line only.
+        checks.write_metrics(textfile, reports, status)
+    if args.json:
+        print_json(json_document(reports, status))
+    else:
+        print("\n".join(checks.render_text(r, quiet) for r in reports), end="")
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.new_parser(
+        PROG,
+        "Report whether this machine's Secure Boot keys need the 2023 Microsoft CA updates.",
+        epilog="exit status: 0 nothing to do, 1 action needed, 2 error, 3 not applicable",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--efivars",
+        metavar="DIR",
+        help="read variables from DIR in efivarfs format " "(default: /sys/firmware/efi/efivars)",
+    )
+    parser.add_argument(
+        "--varstore",
+        metavar="FILE",
+        action="append",
+        help="read an OVMF/edk2 NVRAM file instead (repeatable, one report " "per file)",
+    )
+    parser.add_argument(
+        "--shim",
+        metavar="FILE",
+        help="check this signed shim (default on the host: "
+        "/boot/efi/EFI/debian/shimx64.efi and "
+        "/usr/lib/shim/shimx64.efi.signed)",
+    )
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help="look for efivars, shims and the dpkg status under DIR (default: /)",
+    )
+    parser.add_argument(
+        "--textfile-dir",
+        metavar="DIR",
+        help="also write a node_exporter textfile metric into DIR " "(an empty value means none)",
+    )
+    # Fixing VM NVRAM files: secureboot_ca_check_fix and secureboot_ca_check_libvirt.
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="add the missing 2023 Microsoft CAs: to this machine's firmware through "
+        "efivarfs with Microsoft's signed updates (verified first); to the --varstore files "
+        "(or, with --libvirt, the NVRAM of every shut-off VM), keeping a backup beside each; "
+        "with --efivars DIR and --dry-run, plan from a dump",
+    )
+    parser.add_argument(
+        "--cert",
+        metavar="FILE",
+        action="append",
+        help="with --fix: a 2023 Microsoft CA certificate (DER or PEM) to add; repeatable",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --fix: list what would be added (and verify every signed update)",
+    )
+    parser.add_argument(
+        "--payloads",
+        metavar="DIR",
+        help="root of a checkout of microsoft/secureboot_objects to use instead of the "
+        "copy this package ships (/usr/share/secureboot-ca-check/secureboot_objects)",
+    )
+    parser.add_argument(
+        "--i-have-recovery-keys",
+        action="store_true",
+        help="with --fix on this machine: write even though LUKS or BitLocker keys are "
+        "sealed to PCR 7 (they will ask for their recovery keys at the next boot)",
+    )
+    parser.add_argument(
+        "--libvirt",
+        action="store_true",
+        help="check the NVRAM of every libvirt domain (virsh, else /etc/libvirt/qemu/*.xml)",
+    )
+    parser.set_defaults(func=dispatch)
+    return parser
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """The report, or one of the fixing modes (in their own modules)."""
+    if args.libvirt and (args.varstore or args.efivars or args.shim or args.textfile_dir):
+        raise Error(
+            "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
+            "or --textfile-dir with it"
+        )
+    if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
+        raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
+    if args.fix and (args.shim or args.textfile_dir):
+        raise Error("--fix changes variables: no --shim or --textfile-dir")
+    if args.fix and args.efivars and (args.varstore or args.libvirt):
+        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    firmware = args.fix and not (args.varstore or args.libvirt)
+    if args.cert and firmware:
+        raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
+    if args.i_have_recovery_keys and not firmware:
+        raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
+    if not (args.libvirt or args.fix):
+        return cmd_check(args)
+    from debadmin.secureboot_ca_check import fix, libvirt
+
+    command = libvirt.cmd_libvirt if args.libvirt else None
+    if firmware:
+        command = efivarfs.cmd_fix_firmware
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            return (command or fix.cmd_fix)(args)
+    except Error:
+        raise
+    except Exception as exc:  # one line, never a traceback (the writes are atomic)
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(checks.printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return cli.run(PROG, build_parser(), argv)

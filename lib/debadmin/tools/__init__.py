@@ -1,1 +1,0 @@
-"""One module per debadmin tool; bin/TOOL calls its main()."""
