@@ -256,15 +256,19 @@ def test_the_wrong_variable_name_fails(objects, kek_2011):
     assert not payloads.verify_payload(payload, kek_2011).ok
 
 
-def test_a_content_info_wrapper_is_refused_as_edk2_does(objects, kek_2011):
+def test_a_content_info_wrapper_is_accepted_as_edk2_does(objects, kek_2011):
+    """edk2-stable202302 and later (FindHashAlgorithmIndex: the OID at offset 32 behind a
+    ContentInfo, WrapPkcs7Data) accept the wrapped form; a digest OID elsewhere is not."""
     payload = objects.db_update("amd64", "DBUpdate3P2023.bin")
     wrapped = cms.ContentInfo(
         {"content_type": "signed_data", "content": cms.SignedData.load(payload.p7)}
     ).dump()
-    verdict = payloads.verify_p7(
-        wrapped, payloads.signed_bytes(payload, payloads.APPEND_ATTRIBUTES), kek_2011
-    )
-    assert not verdict.ok and "offset 13" in verdict.reason
+    message = payloads.signed_bytes(payload, payloads.APPEND_ATTRIBUTES)
+    assert wrapped[20] & 0x82 == 0x82 and wrapped[32:41] == payloads.SHA256_OID
+    assert payloads.verify_p7(wrapped, message, kek_2011).ok
+    moved = wrapped[:32] + b"\x00" + wrapped[33:]
+    verdict = payloads.verify_p7(moved, message, kek_2011)
+    assert not verdict.ok and "where edk2 looks" in verdict.reason
 
 
 @pytest.mark.parametrize(
