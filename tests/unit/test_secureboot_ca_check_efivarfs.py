@@ -732,3 +732,17 @@ def test_systemd_credentials_and_homed_areas(tmp_path, capsys):
         ("credential", "/etc/credstore.encrypted"),
         ("homed", "/home"),
     ]
+
+
+def test_a_padded_pk_gets_no_kek_update(tmp_path, capsys):
+    """PK's first entry with two zero bytes after the certificate (as some firmware stores
+    it): edk2 compares SignatureSize - 16 bytes with the signer's certificate, so the
+    KEK update would be refused; it remains, the db updates are planned, exit 1."""
+    padded = fix.signature_list(ami_test_pk() + b"\0\0")
+    efivars = write_efivars(tmp_path / "padded", ovmf_variables(PK=padded))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1, err
+    assert [s["variable"] for s in doc["fix"]["steps"]] == ["db", "db", "db"]
+    (kek,) = doc["fix"]["remaining"]
+    assert kek["variable"] == "KEK"
+    assert kek["reason"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin: " + payloads.PK_MISMATCH
