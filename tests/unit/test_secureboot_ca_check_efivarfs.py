@@ -395,7 +395,13 @@ def chattr(flag: str, path: Path) -> bool:
         os.close(fd)
 
 
-def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys):
+@pytest.fixture
+def any_filesystem(monkeypatch):
+    """The tests' own stand-in for efivarfs: a plain directory accepted for writing."""
+    monkeypatch.setattr(efivarfs, "ACCEPT_ANY_FILESYSTEM", True)
+
+
+def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys, any_filesystem):
     """On a plain file system the variable does not grow as firmware makes it grow: the
     read-back finds no CA and says so (exit 2), and stops before the next step.  What was
     written is exactly the attribute word 0x67 and Microsoft's file; the immutable flag
@@ -448,14 +454,17 @@ REFUSE = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+from debadmin.secureboot_ca_check import efivarfs
 from debadmin.secureboot_ca_check.main import main
+efivarfs.ACCEPT_ANY_FILESYSTEM = True
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_refused_write_is_reported_with_its_errno(tmpfs):
-    """A real errno from a real file system (EFBIG: the file size limit), as a firmware's
-    EACCES or ENOSPC would come: reported, exit 2, nothing more attempted."""
+def test_a_failed_write_is_reported_with_its_errno(tmpfs):
+    """A real errno from a real file system (EFBIG: the file size limit), which is not
+    an answer of the firmware: reported as not written, with its errno, exit 2, nothing
+    more attempted."""
     root = fake_machine(tmpfs, ami_variables())
     before = snapshot(root)
     result = subprocess.run(
@@ -476,9 +485,10 @@ def test_a_refused_write_is_reported_with_its_errno(tmpfs):
     )
     assert result.returncode == 2, result.stderr
     steps = json.loads(result.stdout)["fix"]["steps"]
-    assert steps[0]["status"] == "refused" and steps[0]["error"].startswith("EFBIG")
+    assert steps[0]["status"] == "failed" and "EFBIG" in steps[0]["error"]
     assert {s["status"] for s in steps[1:]} == {"not-run"}
-    assert "DBUpdate3P2023.bin: refused by the firmware: EFBIG" in result.stderr
+    assert "DBUpdate3P2023.bin: not written: the write failed: EFBIG" in result.stderr
+    assert "firmware" not in result.stderr
     assert snapshot(root) == before
     assert errno.EFBIG and resource.RLIMIT_FSIZE and signal.SIGXFSZ
 
@@ -487,3 +497,252 @@ def test_no_uefi_is_not_applicable(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, out, err = run(capsys, "--root", str(tmp_path / "empty"), "--fix", "--dry-run")
     assert rc == 3 and "did not boot with UEFI" in err and out == ""
+
+
+# --- what is and is not the firmware's refusal -------------------------------------------------
+
+
+def test_an_open_error_is_not_a_firmware_refusal(tmp_path):
+    with pytest.raises(efivarfs.WriteError) as caught:
+        efivarfs.append(tmp_path / "absent", b"payload")
+    assert caught.value.phase == "open" and caught.value.errno == errno.ENOENT
+    step = {"status": "planned", "error": None}
+    efivarfs.failed_step(step, caught.value)
+    assert step == {
+        "status": "failed",
+        "error": "cannot open the variable: ENOENT: " + os.strerror(errno.ENOENT),
+    }
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EIO, errno.EACCES, errno.ENOSPC])
+def test_a_write_error_the_firmware_returns_is_a_refusal(code):
+    step = {"status": "planned", "error": None}
+    efivarfs.failed_step(step, efivarfs.WriteError("write", OSError(code, os.strerror(code))))
+    assert step["status"] == "refused" and step["error"].startswith(errno.errorcode[code])
+    step = {"status": "planned", "error": None}
+    efivarfs.failed_step(step, efivarfs.WriteError("flags", OSError(code, os.strerror(code))))
+    assert step["status"] == "failed" and "immutable flag" in step["error"]
+
+
+def test_a_flag_not_restored_after_a_write_is_a_warning(
+    tmpfs, capsys, any_filesystem, monkeypatch
+):
+    """The write succeeded, restoring the immutable flag did not (EPERM, as a lost
+    CAP_LINUX_IMMUTABLE gives): the step is not called refused, and the report says the
+    write succeeded and what failed."""
+    root = fake_machine(tmpfs, ami_variables())
+    db = root / efivarfs.EFIVARS / f"db-{efi.IMAGE_SECURITY_GUID}"
+    if not chattr("+i", db):
+        pytest.skip("cannot set the immutable flag here (not root, or no inode flags)")
+    real_set_flags = efivarfs.set_flags
+
+    def set_flags(fd, flags):
+        if flags & efivarfs.FS_IMMUTABLE_FL:
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        real_set_flags(fd, flags)
+
+    monkeypatch.setattr(efivarfs, "set_flags", set_flags)
+    try:
+        rc, out, err = run(
+            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
+        )
+    finally:
+        chattr("-i", db)
+    step = json.loads(out)["fix"]["steps"][0]
+    assert step["status"] == "not-accepted"  # a plain file: the read-back finds no CA
+    assert step["warning"].startswith("the write succeeded; setting the immutable flag again")
+    assert "EPERM" in step["warning"] and "refused" not in err
+    assert "write succeeded" in err
+
+
+def test_a_plain_directory_is_not_written_as_efivarfs(tmp_path, capsys):
+    root = fake_machine(tmp_path, ami_variables())
+    before = snapshot(root)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and "not efivarfs" in err and "nothing written" in err
+    assert len(err.strip().splitlines()) == 1
+    assert snapshot(root) == before
+
+
+def test_statfs_reads_the_file_system_magic(tmp_path):
+    """/proc is procfs (0x9fa0) everywhere: the magic is read from statfs(2) itself."""
+    assert efivarfs.filesystem_magic(Path("/proc")) == 0x9FA0
+    assert efivarfs.filesystem_magic(tmp_path) != efivarfs.EFIVARFS_MAGIC
+    with pytest.raises(OSError):
+        efivarfs.filesystem_magic(tmp_path / "absent")
+
+
+@pytest.mark.skipif(
+    not Path("/sys/firmware/efi/efivars").is_dir(), reason="this host has no efivarfs"
+)
+def test_the_real_efivarfs_is_accepted():
+    efivarfs.check_efivarfs(Path("/sys/firmware/efi/efivars"))
+
+
+# --- what the change of PCR 7 may lock out ----------------------------------------------------
+
+
+def secrets_json(capsys, root: Path, *extra):
+    rc, out, err = run(
+        capsys,
+        "--root",
+        str(root),
+        "--fix",
+        "--dry-run",
+        "--json",
+        "--payloads",
+        str(OBJECTS),
+        *extra,
+    )
+    return rc, json.loads(out)["fix"]["measured_boot"], err
+
+
+def test_an_unreadable_device_refuses_the_write(tmp_path, capsys):
+    """A block device that cannot be read may hold a secret: the write is refused naming
+    it (fail closed), unless the admin holds the recovery keys."""
+    root = fake_machine(tmp_path, ami_variables(), {"sda1": bytes(4096)})
+    (root / "sys/class/block/sdb").mkdir()
+    (root / "dev/sdb").mkdir()  # a real EISDIR from pread(2)
+    before = snapshot(root)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and out == "" and snapshot(root) == before
+    assert "/dev/sdb (cannot be read" in err and "--i-have-recovery-keys" in err
+    assert "/dev/sda1" not in err
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [("unchecked", "/dev/sdb")]
+    rc, found, err = secrets_json(capsys, root, "--i-have-recovery-keys")
+    assert rc == 0 and "warning" not in err
+
+
+def test_a_luks2_json_area_that_is_not_an_object_is_damaged_input(tmp_path, capsys):
+    head = bytearray(LUKS_PCR7)
+    area = b'["not", "an", "object"]'
+    head[4096 : 4096 + 16384 - 4096] = area + bytes(16384 - 4096 - len(area))
+    root = fake_machine(tmp_path, ami_variables(), {"vda3": bytes(head)})
+    rc, out, err = run(
+        capsys, "--root", str(root), "--fix", "--dry-run", "--payloads", str(OBJECTS)
+    )
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "/dev/vda3: damaged LUKS2 header" in err
+
+
+def test_a_luks2_token_that_is_not_an_object_is_assumed_bound():
+    metadata = efivarfs.luks2_metadata(luks2_header({"0": ["systemd-tpm2"]}))
+    assert efivarfs.luks2_tokens_pcr7(metadata) == ["token 0 (unreadable: assumed bound to PCR 7)"]
+
+
+def udev_data(root: Path, name: str, number: str, lines: str) -> None:
+    (root / "sys/class/block" / name / "dev").write_text(number + "\n")
+    (root / "run/udev/data").mkdir(parents=True, exist_ok=True)
+    (root / "run/udev/data" / f"b{number}").write_text(lines)
+
+
+def test_udev_picks_the_devices_to_open(tmp_path, capsys):
+    """Devices udev probed as something else are not opened (an unreadable one then does
+    not matter); crypto_LUKS ones are read; a size-0 device without udev data is skipped."""
+    devices = {"sda": bytes(4096), "sda1": bytes(4096), "sda2": LUKS_PCR7, "sdc": b""}
+    root = fake_machine(tmp_path, ami_variables(), devices)
+    (root / "dev/sda1").unlink()
+    (root / "dev/sda1").mkdir()  # unreadable, but udev says ext4
+    udev_data(root, "sda", "8:0", "S:disk/by-id/x\nE:ID_PART_TABLE_TYPE=gpt\n")
+    udev_data(root, "sda1", "8:1", "E:ID_FS_TYPE=ext4\nE:ID_FS_USAGE=filesystem\n")
+    udev_data(root, "sda2", "8:2", "E:ID_FS_TYPE=crypto_LUKS\nE:ID_FS_VERSION=2\n")
+    (root / "sys/class/block/sdc/size").write_text("0\n")
+    (root / "dev/sdc").unlink()  # would be ENOENT if it were opened
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [("luks2-tpm2", "/dev/sda2")]
+
+
+def test_luks1_with_luksmeta_is_a_secret(tmp_path, capsys):
+    """clevis binds LUKS1 through luksmeta slots (its JWE encrypted: PCRs not readable)."""
+    head = bytearray(2 << 20)
+    head[0:6] = efivarfs.LUKS_MAGIC
+    struct.pack_into(">H", head, 6, 1)
+    struct.pack_into(">I", head, 104, 4096)  # payload offset, in 512-byte sectors
+    plain = bytes(head)
+    head[2068480 : 2068480 + 8] = efivarfs.LUKSMETA_MAGIC
+    root = fake_machine(tmp_path, ami_variables(), {"sdb1": bytes(head), "sdb2": plain})
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [("luks1-clevis", "/dev/sdb1")]
+
+
+@pytest.mark.skipif(
+    shutil.which("cryptsetup") is None or shutil.which("luksmeta") is None,
+    reason="no cryptsetup or luksmeta",
+)
+def test_luks1_formatted_by_cryptsetup_and_luksmeta(tmp_path, capsys):
+    image = tmp_path / "luks1.img"
+    image.write_bytes(bytes(8 << 20))
+    subprocess.run(
+        [
+            "cryptsetup",
+            "luksFormat",
+            "--type",
+            "luks1",
+            "--pbkdf-force-iterations",
+            "1000",
+            "-q",
+            str(image),
+            "-",
+        ],
+        input=b"passphrase",
+        check=True,
+        capture_output=True,
+    )
+    root = fake_machine(tmp_path, ami_variables(), {"sdd1": image.read_bytes()})
+    assert secrets_json(capsys, root)[1] == []
+    subprocess.run(["luksmeta", "init", "-f", "-d", str(image)], check=True, capture_output=True)
+    (root / "dev/sdd1").write_bytes(image.read_bytes())
+    assert [s["kind"] for s in secrets_json(capsys, root)[1]] == ["luks1-clevis"]
+
+
+CRYPTTAB = """\
+# <target> <source> <key file> <options>
+root UUID=1111 none luks,discard
+data /dev/sdb2 none luks,tpm2-device=auto
+swap /dev/sdb3 /dev/urandom swap,cipher=aes-xts-plain64
+home /dev/sdb4 none luks,keyscript=/lib/cryptsetup/scripts/decrypt_tpm
+vault /dev/sdb5 none luks,header=/boot/vault.header
+short /dev/sdb6
+"""
+
+
+def test_crypttab_entries_that_may_use_the_tpm(tmp_path, capsys):
+    root = fake_machine(tmp_path, ami_variables())
+    (root / "etc").mkdir()
+    (root / "etc/crypttab").write_text(CRYPTTAB)
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [
+        ("crypttab", "/dev/sdb2"),
+        ("crypttab", "/dev/sdb4"),
+        ("crypttab", "/dev/sdb5"),
+    ]
+    assert "tpm2-device=auto" in found[0]["detail"] and "header=" in found[2]["detail"]
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and "/etc/crypttab data" in err
+
+
+def test_systemd_credentials_and_homed_areas(tmp_path, capsys):
+    root = fake_machine(tmp_path, ami_variables())
+    for name in ("etc/credstore.encrypted/db-password", "etc/credstore/plain", "home/alice.home"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [
+        ("credential", "/etc/credstore.encrypted"),
+        ("homed", "/home"),
+    ]
+
+
+def test_a_padded_pk_gets_no_kek_update(tmp_path, capsys):
+    """PK's first entry with two zero bytes after the certificate (as some firmware stores
+    it): edk2 compares SignatureSize - 16 bytes with the signer's certificate, so the
+    KEK update would be refused; it remains, the db updates are planned, exit 1."""
+    padded = fix.signature_list(ami_test_pk() + b"\0\0")
+    efivars = write_efivars(tmp_path / "padded", ovmf_variables(PK=padded))
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1, err
+    assert [s["variable"] for s in doc["fix"]["steps"]] == ["db", "db", "db"]
+    (kek,) = doc["fix"]["remaining"]
+    assert kek["variable"] == "KEK"
+    assert kek["reason"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin: " + payloads.PK_MISMATCH

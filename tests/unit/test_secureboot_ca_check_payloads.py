@@ -1,18 +1,25 @@
 """Microsoft's shipped Secure Boot objects: every payload verified against its signer."""
 
+import datetime
 import hashlib
 import re
 import shutil
+import struct
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 from asn1crypto import cms
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import Encoding, pkcs7
+from cryptography.x509.oid import NameOID
 
 from debadmin.errors import Error
 from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import fix
 from debadmin.secureboot_ca_check import payloads
 
 SRC = Path(__file__).resolve().parents[2]
@@ -256,15 +263,19 @@ def test_the_wrong_variable_name_fails(objects, kek_2011):
     assert not payloads.verify_payload(payload, kek_2011).ok
 
 
-def test_a_content_info_wrapper_is_refused_as_edk2_does(objects, kek_2011):
+def test_a_content_info_wrapper_is_accepted_as_edk2_does(objects, kek_2011):
+    """edk2-stable202302 and later (FindHashAlgorithmIndex: the OID at offset 32 behind a
+    ContentInfo, WrapPkcs7Data) accept the wrapped form; a digest OID elsewhere is not."""
     payload = objects.db_update("amd64", "DBUpdate3P2023.bin")
     wrapped = cms.ContentInfo(
         {"content_type": "signed_data", "content": cms.SignedData.load(payload.p7)}
     ).dump()
-    verdict = payloads.verify_p7(
-        wrapped, payloads.signed_bytes(payload, payloads.APPEND_ATTRIBUTES), kek_2011
-    )
-    assert not verdict.ok and "offset 13" in verdict.reason
+    message = payloads.signed_bytes(payload, payloads.APPEND_ATTRIBUTES)
+    assert wrapped[20] & 0x82 == 0x82 and wrapped[32:41] == payloads.SHA256_OID
+    assert payloads.verify_p7(wrapped, message, kek_2011).ok
+    moved = wrapped[:32] + b"\x00" + wrapped[33:]
+    verdict = payloads.verify_p7(moved, message, kek_2011)
+    assert not verdict.ok and "where edk2 looks" in verdict.reason
 
 
 @pytest.mark.parametrize(
@@ -294,3 +305,104 @@ def test_a_map_escaping_kek_is_refused(tmp_path):
     (kek / "kek_update_map.json").write_text('{"aa": {"KEKUpdate": "../../etc/passwd"}}')
     with pytest.raises(Error, match="not a path under KEK"):
         payloads.load_objects(str(tmp_path))
+
+
+# --- payloads made here: PK-signed writes, SHA-384/512 ----------------------------------------
+
+
+def make_cert(name: str, issuer=None, ca: bool = True):
+    """An RSA key and certificate (self-signed, or issued by (key, cert) issuer)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_key, issuer_cert = issuer if issuer else (key, None)
+    now = datetime.datetime(2024, 1, 1)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_cert.subject if issuer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .sign(issuer_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def make_payload(objects, signer, extra=(), digest=hashes.SHA256, wrapped=False):
+    """A KEK append of the KEK 2K CA 2023, signed by signer (key, cert) over the
+    authenticated-variable data; the PKCS#7 bare (as Microsoft's) or in a ContentInfo."""
+    data = fix.signature_list(objects.certificate(payloads.KEK_TARGET))
+    timestamp = struct.pack("<HBBBBB", 2024, 5, 1, 0, 0, 0) + bytes(9)
+    shell = payloads.Payload("made.bin", "KEK", b"", timestamp, b"", data)
+    message = payloads.signed_bytes(shell, payloads.APPEND_ATTRIBUTES)
+    builder = (
+        pkcs7.PKCS7SignatureBuilder().set_data(message).add_signer(signer[1], signer[0], digest())
+    )
+    for cert in extra:
+        builder = builder.add_certificate(cert)
+    options = [pkcs7.PKCS7Options.DetachedSignature, pkcs7.PKCS7Options.Binary]
+    info = builder.sign(Encoding.DER, options + [pkcs7.PKCS7Options.NoAttributes])
+    p7 = info if wrapped else cms.ContentInfo.load(info)["content"].untag().dump()
+    header = struct.pack("<IHH", 24 + len(p7), 0x200, 0x0EF1)
+    header += uuid.UUID(payloads.CERT_TYPE_PKCS7).bytes_le
+    return payloads.parse_payload(timestamp + header + p7 + data, "made.bin", "KEK")
+
+
+def pk_entry(cert, padding=b"") -> bytes:
+    from debadmin.secureboot_ca_check import efivarfs
+
+    esl = fix.signature_list(cert.public_bytes(Encoding.DER) + padding)
+    return efivarfs.pk_first_entry(efi.Variable("PK", efi.GLOBAL_GUID, 0x27, esl))
+
+
+@pytest.fixture(scope="module")
+def pk_chain():
+    root = make_cert("Test PK root")
+    leaf = make_cert("Test PK signer", issuer=root, ca=False)
+    return root, leaf
+
+
+def test_a_pk_signed_write_needs_the_pk_itself_as_signer(objects, pk_chain):
+    """edk2 (AuthService.c, VerifyTimeBasedPayload, AuthVarTypePk): the first signer's
+    certificate byte for byte PK's first entry, no chain: a signer issued by the PK,
+    which Pkcs7Verify with the PK as trusted certificate accepts, is refused."""
+    root, leaf = pk_chain
+    by_leaf = make_payload(objects, leaf, extra=[root[1]])
+    assert payloads.verify_payload(by_leaf, root[1]).ok  # the chain: a KEK would accept it
+    verdict = payloads.verify_pk_signed(by_leaf, pk_entry(root[1]))
+    assert not verdict.ok and verdict.reason == payloads.PK_MISMATCH
+    by_root = make_payload(objects, root)
+    assert payloads.verify_pk_signed(by_root, pk_entry(root[1])).ok
+    padded = payloads.verify_pk_signed(by_root, pk_entry(root[1], b"\0\0"))
+    assert not padded.ok and padded.reason == payloads.PK_MISMATCH
+    assert not payloads.verify_pk_signed(by_root, None).ok
+
+
+def test_a_pk_signed_write_with_a_bad_signature_fails(objects, pk_chain):
+    root, _leaf = pk_chain
+    payload = make_payload(objects, root)
+    payload.variable = "db"  # other signed bytes: the signature no longer covers them
+    verdict = payloads.verify_pk_signed(payload, pk_entry(root[1]))
+    assert not verdict.ok and "does not verify" in verdict.reason
+
+
+@pytest.mark.parametrize("digest", [hashes.SHA256, hashes.SHA384, hashes.SHA512])
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_digests_and_forms_edk2_accepts(objects, pk_chain, digest, wrapped):
+    root, _leaf = pk_chain
+    payload = make_payload(objects, root, digest=digest, wrapped=wrapped)
+    assert payloads.digest_index(payload.p7) == [
+        hashes.SHA256,
+        hashes.SHA384,
+        hashes.SHA512,
+    ].index(digest)
+    assert payloads.verify_pk_signed(payload, pk_entry(root[1])).ok
+
+
+def test_sha1_is_refused_where_edk2_looks(objects, pk_chain):
+    root, _leaf = pk_chain
+    payload = make_payload(objects, root, digest=hashes.SHA1)
+    verdict = payloads.verify_payload(payload, root[1])
+    assert not verdict.ok and "where edk2 looks" in verdict.reason

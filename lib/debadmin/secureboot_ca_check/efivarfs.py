@@ -1,6 +1,7 @@
 """secureboot-ca-check --fix on firmware: Microsoft's signed updates appended through efivarfs."""
 
 import base64
+import ctypes
 import errno
 import fcntl
 import json
@@ -36,6 +37,10 @@ FS_IMMUTABLE_FL = 0x10
 LUKS_MAGIC = b"LUKS\xba\xbe"
 BITLOCKER_SIGNATURE = b"-FVE-FS-"
 MAX_LUKS_JSON = 4 << 20
+# luksmeta (clevis's store on LUKS1) puts its header, magic "LUKSMETA", in the gap
+# between the 592-byte LUKS1 header with its key slots and the payload.
+LUKS1_HEADER = 592
+LUKSMETA_MAGIC = b"LUKSMETA"
 
 
 # --- what the firmware holds, and the plan ----------------------------------------------------
@@ -48,6 +53,23 @@ def certs_of(variable: Optional[efi.Variable]) -> List[x509.Certificate]:
         warnings.simplefilter("ignore")
         entries, _problems = efi.read_signature_lists(variable.data)
     return [e.cert for e in entries if e.cert is not None and e.usable]
+
+
+def pk_first_entry(variable: Optional[efi.Variable]) -> Optional[bytes]:
+    """The SignatureData of PK's first entry, as edk2 takes it for a PK-authorised write
+    (AuthService.c, VerifyTimeBasedPayload): first EFI_SIGNATURE_LIST, first
+    EFI_SIGNATURE_DATA after its header, SignatureSize - 16 bytes (the owner GUID off),
+    whatever the list's type; None when PK is absent or too short to hold one."""
+    if variable is None:
+        return None
+    data = variable.data
+    if len(data) < 28:
+        return None
+    list_size, header_size, size = struct.unpack_from("<III", data, 16)
+    start = 28 + header_size
+    if size <= 16 or list_size > len(data) or start + size > list_size:
+        return None
+    return data[start + 16 : start + size]
 
 
 def fingerprints(variable: Optional[efi.Variable]) -> set:
@@ -74,6 +96,7 @@ def plan(
         if name not in variables:
             raise Error(f"{source}: no {name} variable: nothing to append to")
     pk_certs = certs_of(variables.get("PK"))
+    pk_entry = pk_first_entry(variables.get("PK"))
     kek_certs = certs_of(variables["KEK"])
     held = {"KEK": fingerprints(variables["KEK"]), "db": fingerprints(variables["db"])}
     result: dict = {
@@ -101,33 +124,42 @@ def plan(
             continue
         payload = objects.db_update(arch, name)
         check_adds(payload, ca)
-        step = db_step(payload, ca, kek_certs, pk_certs)
+        step = db_step(payload, ca, kek_certs, pk_entry)
         if step is None:
             result["remaining"].append(
                 remaining(ca, "db", "no certificate of this KEK (or PK) signed its update")
             )
         else:
             result["steps"].append(step)
+    kek_step(result, variables, objects, held["KEK"], pk_certs, pk_entry)
+    return result
+
+
+def kek_step(result, variables, objects, held, pk_certs, pk_entry) -> None:
+    """The KEK update signed by this PK: a step, or what remains and the options."""
     kek = result["kek_update"]
     target = payloads.KEK_TARGET
     found, payload = lookup_kek_update(objects, pk_certs)
     kek.update(found)
-    if payloads.FINGERPRINTS[target] in held["KEK"]:
+    if payloads.FINGERPRINTS[target] in held:
         result["present"].append(target)
-    else:
-        if payload is None:
-            result["remaining"].append(remaining(target, "KEK", kek["reason"]))
-            result["options"] = options(variables)
-        else:
-            check_adds(payload, target)
-            verdict = payloads.verify_payload(payload, pk_certs[0])
-            if not verdict.ok:
-                raise Error(
-                    f"{payload.path}: does not verify against this machine's PK "
-                    f"({verdict.reason}): nothing written"
-                )
-            result["steps"].append(step_json(payload, target, verdict, pk_certs[0]))
-    return result
+        return
+    verdict = None
+    if payload is not None:
+        check_adds(payload, target)
+        verdict = payloads.verify_pk_signed(payload, pk_entry)
+        if verdict.reason == payloads.PK_MISMATCH:
+            kek["reason"] = f"{payload.path}: {verdict.reason}"
+        elif not verdict.ok:
+            raise Error(
+                f"{payload.path}: does not verify against this machine's PK "
+                f"({verdict.reason}): nothing written"
+            )
+    if verdict is None or not verdict.ok:
+        result["remaining"].append(remaining(target, "KEK", kek["reason"]))
+        result["options"] = options(variables)
+        return
+    result["steps"].append(step_json(payload, target, verdict, pk_certs[0]))
 
 
 def check_adds(payload: payloads.Payload, ca: str) -> None:
@@ -152,6 +184,7 @@ def step_json(payload: payloads.Payload, ca: str, verdict, signer: x509.Certific
         "verified": True,
         "status": "planned",
         "error": None,
+        "warning": None,
         "_payload": payload,
     }
 
@@ -160,13 +193,20 @@ def db_step(
     payload: payloads.Payload,
     ca: str,
     kek_certs: List[x509.Certificate],
-    pk_certs: List[x509.Certificate],
+    pk_entry: Optional[bytes],
 ) -> Optional[dict]:
-    """The step for a db update when a KEK (then PK) certificate verifies it, as edk2 tries
-    them; None when none is in its chain; Error when one is and the signature fails."""
+    """The step for a db update as edk2 authorises it (AuthVariableLib.c: ProcessVarWithPk,
+    then ProcessVarWithKek): PK's first entry byte for byte as the signer (no chain), else
+    each KEK certificate as a trust anchor of Pkcs7Verify.  None when no certificate of
+    either is in its chain; Error when one is and the signature fails."""
+    by_pk = payloads.verify_pk_signed(payload, pk_entry)
+    if by_pk.ok:
+        return step_json(payload, ca, by_pk, payloads.load_der_cert(pk_entry))
     carried = {efi.fingerprint(c) for c in payloads.p7_certificates(payload)}
     failures = []
-    for trusted in kek_certs + pk_certs:
+    if pk_entry is not None and payloads.first_signer_der(payload.p7) == pk_entry:
+        failures.append(f"PK: {by_pk.reason}")
+    for trusted in kek_certs:
         verdict = payloads.verify_payload(payload, trusted)
         if verdict.ok:
             return step_json(payload, ca, verdict, trusted)
@@ -261,6 +301,9 @@ def luks2_tokens_pcr7(metadata: dict) -> List[str]:
     pcrlock policy) and clevis tpm2 pins (also inside sss)."""
     found = []
     for number, token in sorted((metadata.get("tokens") or {}).items()):
+        if not isinstance(token, dict):
+            found.append(f"token {number} (unreadable: assumed bound to PCR 7)")
+            continue
         kind = token.get("type")
         try:
             if kind == "systemd-tpm2" and (
@@ -275,51 +318,184 @@ def luks2_tokens_pcr7(metadata: dict) -> List[str]:
 
 
 def luks2_metadata(head: bytes) -> Optional[dict]:
-    """The JSON area of a LUKS2 header (cryptsetup's on-disk format), or None."""
+    """The JSON area of a LUKS2 header (cryptsetup's on-disk format), or None when the
+    device is not LUKS2.  A JSON area that is not an object is damaged input: Error."""
     if head[:6] != LUKS_MAGIC or struct.unpack_from(">H", head, 6)[0] != 2:
         return None
     size = struct.unpack_from(">Q", head, 8)[0]
     area = head[4096 : min(size, len(head))]
     try:
-        return json.loads(area.split(b"\0", 1)[0])
+        metadata = json.loads(area.split(b"\0", 1)[0])
     except ValueError:
         return {"tokens": {"?": {"type": "unreadable"}}}
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("tokens", {}), dict):
+        raise ValueError("damaged LUKS2 header: its JSON area is not an object with tokens")
+    return metadata
 
 
-def measured_boot_secrets(root: Path) -> List[dict]:
-    """Every block device holding a LUKS2 volume with a PCR 7 token, or BitLocker."""
-    found = []
+def luksmeta_slots(head: bytes) -> bool:
+    """Whether a LUKS1 header is followed by a luksmeta area (where clevis stores its
+    bindings, tpm2 ones included: their PCRs are in the JWE, encrypted, not readable)."""
+    return (
+        head[:6] == LUKS_MAGIC
+        and struct.unpack_from(">H", head, 6)[0] == 1
+        and (LUKSMETA_MAGIC in head[LUKS1_HEADER:])
+    )
+
+
+def udev_fs_type(root: Path, name: str) -> Optional[str]:
+    """What udev's blkid probe found on a block device (ID_FS_TYPE, "" for none), from
+    its database (/run/udev/data/bMAJOR:MINOR, what libudev reads); None when udev has
+    no probe result for it."""
+    try:
+        number = (root / "sys/class/block" / name / "dev").read_text().strip()
+        lines = (root / "run/udev/data" / f"b{number}").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    props = dict(line[2:].split("=", 1) for line in lines if line.startswith("E:") and "=" in line)
+    if "ID_FS_TYPE" in props:
+        return props["ID_FS_TYPE"]
+    return "" if "ID_PART_TABLE_TYPE" in props else None
+
+
+def device_size_zero(root: Path, name: str) -> bool:
+    try:
+        return (root / "sys/class/block" / name / "size").read_text().strip() == "0"
+    except OSError:
+        return False
+
+
+def read_head(device: Path) -> bytes:
+    """The first 16 KiB of a device, its whole LUKS2 header, or its LUKS1 header with
+    the space up to the payload (luksmeta); OSError as the device answered."""
+    fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        head = os.pread(fd, 16384, 0)
+        if head[:6] == LUKS_MAGIC and len(head) >= 108:
+            version = struct.unpack_from(">H", head, 6)[0]
+            if version == 2:
+                size = struct.unpack_from(">Q", head, 8)[0]
+            else:
+                size = struct.unpack_from(">I", head, 104)[0] * 512
+            if 16384 < size <= MAX_LUKS_JSON:
+                head = os.pread(fd, size, 0)
+        return head
+    finally:
+        os.close(fd)
+
+
+def device_secrets(device: Path, head: bytes) -> List[dict]:
+    shown = f"/dev/{device.name}"
+    if head[3:11] == BITLOCKER_SIGNATURE:
+        return [{"kind": "bitlocker", "device": shown, "detail": "BitLocker"}]
+    if luksmeta_slots(head):
+        detail = "LUKS1 with luksmeta slots (clevis: maybe a tpm2 pin on PCR 7)"
+        return [{"kind": "luks1-clevis", "device": shown, "detail": detail}]
+    try:
+        metadata = luks2_metadata(head)
+    except ValueError as exc:
+        raise Error(f"{shown}: {exc}") from None
+    tokens = luks2_tokens_pcr7(metadata) if metadata is not None else []
+    return [{"kind": "luks2-tpm2", "device": shown, "detail": t} for t in tokens]
+
+
+def block_device_secrets(root: Path) -> List[dict]:
+    """Every block device holding a LUKS2 volume with a PCR 7 token, LUKS1 with clevis's
+    luksmeta, or BitLocker.  udev's probe picks the devices to open; without udev data
+    each is read (non-blocking; size 0 skipped).  A device that cannot be read is an
+    "unchecked" entry: it may hold such a secret (fail closed)."""
+    found: List[dict] = []
     sysblock = root / "sys/class/block"
     try:
         names = sorted(os.listdir(sysblock))
     except OSError:
         return found
     for name in names:
+        kind = udev_fs_type(root, name)
+        if kind is not None and kind not in ("crypto_LUKS", "BitLocker"):
+            continue
+        if kind is None and device_size_zero(root, name):
+            continue
         device = root / "dev" / name
         try:
-            fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            head = read_head(device)
         except OSError as exc:
-            log.debug("%s: not checked for PCR 7 secrets: %s", device, exc.strerror)
+            if exc.errno == errno.ENOMEDIUM:
+                continue
+            found.append(
+                {
+                    "kind": "unchecked",
+                    "device": f"/dev/{name}",
+                    "detail": f"cannot be read ({exc.strerror}): may hold a secret sealed "
+                    "to PCR 7",
+                }
+            )
             continue
-        try:
-            head = os.pread(fd, 16384, 0)
-            if head[:6] == LUKS_MAGIC and len(head) >= 16:
-                size = struct.unpack_from(">Q", head, 8)[0]
-                if 16384 < size <= MAX_LUKS_JSON:
-                    head = os.pread(fd, size, 0)
-        except OSError as exc:
-            log.debug("%s: not checked for PCR 7 secrets: %s", device, exc.strerror)
-            continue
-        finally:
-            os.close(fd)
-        if head[3:11] == BITLOCKER_SIGNATURE:
-            found.append({"kind": "bitlocker", "device": f"/dev/{name}", "detail": "BitLocker"})
-            continue
-        metadata = luks2_metadata(head)
-        if metadata is not None:
-            for token in luks2_tokens_pcr7(metadata):
-                found.append({"kind": "luks2-tpm2", "device": f"/dev/{name}", "detail": token})
+        found += device_secrets(device, head)
     return found
+
+
+def crypttab_secrets(root: Path) -> List[dict]:
+    """The /etc/crypttab entries that may unlock with the TPM: tpm2-device= and other
+    tpm2- options (systemd-cryptsetup), a keyscript= (Debian's cryptsetup runs it: it
+    may ask the TPM), a detached header= (its tokens are not on the device)."""
+    found = []
+    path = root / "etc/crypttab"
+    if not os.path.lexists(path):
+        return found
+    text = efi.read_bounded(path, 1 << 20, "crypttab").decode("utf-8", "replace")
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[0].startswith("#"):
+            continue
+        options = fields[3].split(",")
+        reasons = [o for o in options if o.startswith("tpm2-")]
+        reasons += [o for o in options if o.startswith(("keyscript=", "header="))]
+        if reasons:
+            found.append(
+                {
+                    "kind": "crypttab",
+                    "device": fields[1],
+                    "detail": f"/etc/crypttab {fields[0]}: {', '.join(reasons)}",
+                }
+            )
+    return found
+
+
+def credential_secrets(root: Path) -> List[dict]:
+    """systemd's encrypted credentials (credstore.encrypted, *.cred: systemd-creds may
+    have sealed them to the TPM) and systemd-homed home areas (LUKS, maybe TPM-bound)."""
+    found = []
+    places = [
+        ("etc/credstore.encrypted", "*"),
+        ("etc/credstore", "*.cred"),
+        ("usr/lib/credstore.encrypted", "*"),
+        ("var/lib/systemd/home", "*.identity"),
+        ("home", "*.home"),
+    ]
+    for where, pattern in places:
+        directory = root / where
+        try:
+            names = sorted(p.name for p in directory.glob(pattern))
+        except OSError:
+            continue
+        if names:
+            kind = "homed" if where in ("home", "var/lib/systemd/home") else "credential"
+            found.append(
+                {
+                    "kind": kind,
+                    "device": f"/{where}",
+                    "detail": f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}: "
+                    "may be sealed to the TPM (PCR 7)",
+                }
+            )
+    return found
+
+
+def measured_boot_secrets(root: Path) -> List[dict]:
+    """Everything the change of PCR 7 may lock out, as far as it can be detected (the
+    man page lists what cannot)."""
+    return block_device_secrets(root) + crypttab_secrets(root) + credential_secrets(root)
 
 
 # --- writing through efivarfs --------------------------------------------------------------
@@ -346,56 +522,153 @@ def read_variable(path: Path) -> bytes:
     return raw[4:]
 
 
+class WriteError(Exception):
+    """A step of an append that failed: phase is "open", "flags" (reading or clearing the
+    immutable flag), "write" or "restore" (the flag, after a write that succeeded)."""
+
+    def __init__(self, phase: str, exc: OSError):
+        super().__init__(phase, exc)
+        self.phase = phase
+        self.errno = exc.errno
+        self.strerror = exc.strerror
+
+    def describe(self) -> str:
+        return f"{errno.errorcode.get(self.errno, self.errno)}: {self.strerror}"
+
+
+# What efivarfs's write returns for the firmware's answer (the kernel's efi_status_to_err:
+# EFI_INVALID_PARAMETER -> EINVAL, EFI_DEVICE_ERROR -> EIO, EFI_SECURITY_VIOLATION ->
+# EACCES, EFI_OUT_OF_RESOURCES -> ENOSPC, EFI_WRITE_PROTECTED -> EROFS).  Any other
+# errno of the write, or of the open or the ioctl, is not the firmware's.
+FIRMWARE_ERRNOS = {errno.EINVAL, errno.EIO, errno.EACCES, errno.ENOSPC, errno.EROFS}
+
+
+def write_once(path: Path, data: bytes) -> None:
+    try:
+        out = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WriteError("open", exc) from None
+    try:
+        written = os.write(out, data)
+        if written != len(data):
+            raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
+    except OSError as exc:
+        raise WriteError("write", exc) from None
+    finally:
+        os.close(out)
+
+
 def append(path: Path, blob: bytes) -> None:
     """One append write (attribute word 0x67, then the payload), the immutable flag
-    cleared for it and restored after; OSError as the firmware answered."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    cleared for it and restored after; WriteError naming the phase that failed."""
     try:
-        flags = get_flags(fd)
-        if flags is not None and flags & FS_IMMUTABLE_FL:
-            set_flags(fd, flags & ~FS_IMMUTABLE_FL)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WriteError("open", exc) from None
+    try:
         try:
-            out = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            flags = get_flags(fd)
+            immutable = flags is not None and flags & FS_IMMUTABLE_FL
+            if immutable:
+                set_flags(fd, flags & ~FS_IMMUTABLE_FL)
+        except OSError as exc:
+            raise WriteError("flags", exc) from None
+        try:
+            write_once(path, struct.pack("<I", payloads.APPEND_ATTRIBUTES) + blob)
+        except WriteError:
+            if immutable:
+                try:
+                    set_flags(fd, flags)
+                except OSError:
+                    pass  # the write's error is the one to report
+            raise
+        if immutable:
             try:
-                data = struct.pack("<I", payloads.APPEND_ATTRIBUTES) + blob
-                written = os.write(out, data)
-                if written != len(data):
-                    raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)")
-            finally:
-                os.close(out)
-        finally:
-            if flags is not None and flags & FS_IMMUTABLE_FL:
                 set_flags(fd, flags)
+            except OSError as exc:
+                raise WriteError("restore", exc) from None
     finally:
         os.close(fd)
 
 
+def failed_step(step: dict, error: WriteError) -> None:
+    """What a failed write was: the firmware's refusal, or an error before it."""
+    if error.phase == "write" and error.errno in FIRMWARE_ERRNOS:
+        step["status"] = "refused"
+        step["error"] = error.describe()
+    else:
+        step["status"] = "failed"
+        what = {"open": "cannot open the variable", "flags": "cannot clear its immutable flag"}
+        step["error"] = f"{what.get(error.phase, 'the write failed')}: {error.describe()}"
+
+
 def apply(directory: Path, result: dict) -> bool:
-    """Each step in order; stops at the first refusal.  True when every step was accepted."""
+    """Each step in order; stops at the first failure.  True when every step was accepted."""
     for step in result["steps"]:
         payload: payloads.Payload = step["_payload"]
         guid = payloads.VARIABLE_GUIDS[payload.variable]
         path = directory / f"{payload.variable}-{guid}"
         try:
             append(path, payload.blob)
-        except OSError as exc:
-            step["status"] = "refused"
-            step["error"] = f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
-            return False
-        try:
-            now = read_variable(path)
-        except OSError as exc:
-            step["status"] = "unknown"
-            step["error"] = f"cannot read it back: {exc.strerror}"
-            return False
-        held = {efi.fingerprint(c) for c in certs_of(efi.Variable(payload.variable, guid, 0, now))}
-        if all(payloads.FINGERPRINTS[ca] in held for ca in step["adds"]):
-            step["status"] = "applied"
-        else:
-            step["status"] = "not-accepted"
-            step["error"] = "the write succeeded but the variable does not hold it"
+        except WriteError as error:
+            if error.phase != "restore":
+                failed_step(step, error)
+                return False
+            step["warning"] = (
+                "the write succeeded; setting the immutable flag again failed: " + error.describe()
+            )
+        if not read_back(path, payload, guid, step):
             return False
     return True
+
+
+def read_back(path: Path, payload: payloads.Payload, guid: str, step: dict) -> bool:
+    try:
+        now = read_variable(path)
+    except OSError as exc:
+        step["status"] = "unknown"
+        step["error"] = f"cannot read it back: {exc.strerror}"
+        return False
+    held = {efi.fingerprint(c) for c in certs_of(efi.Variable(payload.variable, guid, 0, now))}
+    if all(payloads.FINGERPRINTS[ca] in held for ca in step["adds"]):
+        step["status"] = "applied"
+        return True
+    step["status"] = "not-accepted"
+    step["error"] = "the write succeeded but the variable does not hold it"
+    return False
+
+
+# --- efivarfs, the real one -----------------------------------------------------------------
+
+EFIVARFS_MAGIC = 0xDE5E81E4
+# Tests write to a plain directory standing in for efivarfs: they set this (and only
+# they: no option or environment variable of the command sets it).
+ACCEPT_ANY_FILESYSTEM = False
+
+
+def filesystem_magic(directory: Path) -> int:
+    """statfs(2)'s f_type (the first field, a long, of struct statfs)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(512)
+    if libc.statfs(os.fsencode(directory), buf) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return struct.unpack_from("l", buf.raw)[0] & 0xFFFFFFFF
+
+
+def check_efivarfs(directory: Path) -> None:
+    """Writes go to efivarfs only: a plain directory (a copy, a wrong --root) is refused."""
+    if ACCEPT_ANY_FILESYSTEM:
+        return
+    try:
+        magic = filesystem_magic(directory)
+    except OSError as exc:
+        raise Error(f"{directory}: cannot tell its file system: {exc.strerror}") from None
+    if magic != EFIVARFS_MAGIC:
+        raise Error(
+            f"{directory}: not efivarfs (file system magic {magic:#x}): nothing written "
+            "(a dump is planned with --efivars DIR --fix --dry-run)"
+        )
 
 
 # --- the command ------------------------------------------------------------------------
@@ -418,6 +691,7 @@ def render(result: dict) -> List[str]:
         "planned": "would append",
         "applied": "appended",
         "refused": "REFUSED by the firmware:",
+        "failed": "NOT written:",
         "not-accepted": "NOT accepted:",
         "unknown": "written, not read back:",
         "not-run": "not attempted:",
@@ -441,13 +715,12 @@ def render(result: dict) -> List[str]:
     return lines
 
 
-def cmd_fix_firmware(args) -> int:
-    """--fix on the running machine's efivarfs, or --efivars DIR --fix --dry-run."""
+def firmware_directory(args) -> Path:
+    """The efivarfs directory (or --efivars dump) the fix reads."""
     dump = bool(args.efivars)
     if dump and not args.dry_run:
         raise Error("--efivars DIR --fix plans from a dump: add --dry-run")
-    root = Path(args.root or "/")
-    directory = Path(args.efivars) if dump else root / EFIVARS
+    directory = Path(args.efivars) if dump else Path(args.root or "/") / EFIVARS
     if not directory.is_dir():
         if dump:
             raise Error(f"{directory}: no such directory")
@@ -455,6 +728,55 @@ def cmd_fix_firmware(args) -> int:
             f"{directory} does not exist: this system did not boot with UEFI "
             "(or efivarfs is not mounted)"
         )
+    return directory
+
+
+def check_secrets(result: dict, args) -> None:
+    """Refuse (Error) the write when secrets are bound to PCR 7, or may be, unless the
+    admin holds their recovery keys; a warning in a dry run."""
+    if not result["steps"] or not result["measured_boot"] or args.i_have_recovery_keys:
+        return
+    names = ", ".join(f"{s['device']} ({s['detail']})" for s in result["measured_boot"])
+    message = (
+        f"changing db and KEK changes PCR 7, and these secrets are (or may be) bound to it: "
+        f"{names}; have their recovery keys at hand and pass --i-have-recovery-keys"
+    )
+    if not args.dry_run:
+        raise Error(message + ": nothing written")
+    print(f"secureboot-ca-check: warning: {message}", file=sys.stderr)
+
+
+def run_steps(directory: Path, result: dict) -> int:
+    """Apply the plan: 0, or 2 when a step failed (the rest then not run)."""
+    check_efivarfs(directory)
+    ok = apply(directory, result)
+    result["written"] = any(s["status"] == "applied" for s in result["steps"])
+    if ok:
+        return 0
+    for step in result["steps"]:
+        if step["status"] == "planned":
+            step["status"] = "not-run"
+    return 2
+
+
+def report_failure(result: dict) -> None:
+    failed = next(s for s in result["steps"] if s["error"])
+    applied = [s["payload"] for s in result["steps"] if s["status"] == "applied"]
+    how = {"refused": "refused by the firmware", "failed": "not written"}.get(
+        failed["status"], failed["status"]
+    )
+    print(
+        f"secureboot-ca-check: error: {failed['payload']}: {how}: {failed['error']}; "
+        f"applied before it: {', '.join(applied) or 'nothing'}",
+        file=sys.stderr,
+    )
+
+
+def cmd_fix_firmware(args) -> int:
+    """--fix on the running machine's efivarfs, or --efivars DIR --fix --dry-run."""
+    dump = bool(args.efivars)
+    directory = firmware_directory(args)
+    root = Path(args.root or "/")
     objects = payloads.load_objects(args.payloads, root)
     variables = efi.read_efivars(directory)
     arch = "amd64" if dump else machine_arch()  # Microsoft's files are the same for each
@@ -463,24 +785,8 @@ def cmd_fix_firmware(args) -> int:
     result["recovery_keys_confirmed"] = bool(args.i_have_recovery_keys)
     if not dump:
         result["measured_boot"] = measured_boot_secrets(root)
-    if result["steps"] and result["measured_boot"] and not args.i_have_recovery_keys:
-        names = ", ".join(f"{s['device']} ({s['detail']})" for s in result["measured_boot"])
-        message = (
-            f"changing db and KEK changes PCR 7, and these secrets are bound to it: {names}; "
-            "have their recovery keys at hand and pass --i-have-recovery-keys"
-        )
-        if not args.dry_run:
-            raise Error(message + ": nothing written")
-        print(f"secureboot-ca-check: warning: {message}", file=sys.stderr)
-    status = 0
-    if result["steps"] and not args.dry_run:
-        ok = apply(directory, result)
-        result["written"] = any(s["status"] == "applied" for s in result["steps"])
-        if not ok:
-            for step in result["steps"]:
-                if step["status"] == "planned":
-                    step["status"] = "not-run"
-            status = 2
+    check_secrets(result, args)
+    status = run_steps(directory, result) if result["steps"] and not args.dry_run else 0
     if status == 0 and result["remaining"]:
         status = 1
     result["exit_status"] = status
@@ -490,13 +796,12 @@ def cmd_fix_firmware(args) -> int:
         emit_json({"fix": result, "exit_status": status})
     else:
         print("\n".join(render(result)))
+    for step in result["steps"]:
+        if step.get("warning"):
+            print(
+                f"secureboot-ca-check: warning: {step['payload']}: {step['warning']}",
+                file=sys.stderr,
+            )
     if status == 2:
-        failed = next(s for s in result["steps"] if s["error"])
-        applied = [s["payload"] for s in result["steps"] if s["status"] == "applied"]
-        how = "refused by the firmware" if failed["status"] == "refused" else failed["status"]
-        print(
-            f"secureboot-ca-check: error: {failed['payload']}: {how}: {failed['error']}; "
-            f"applied before it: {', '.join(applied) or 'nothing'}",
-            file=sys.stderr,
-        )
+        report_failure(result)
     return status

@@ -50,12 +50,22 @@ FINGERPRINTS = {
 CERT_TYPE_PKCS7 = "4aafd29d-68df-49ee-8aa9-347d375665a7"
 WIN_CERT_TYPE_EFI_GUID = 0x0EF1
 SHA256_OID = bytes.fromhex("608648016503040201")
+# mHashInfo's order in edk2's AuthService.c: SHA-256, SHA-384, SHA-512.
+DIGEST_OIDS = [
+    SHA256_OID,
+    bytes.fromhex("608648016503040202"),
+    bytes.fromhex("608648016503040203"),
+]
 SIGNED_DATA_OID = bytes.fromhex("06092a864886f70d010702")
 # The attribute word an append through efivarfs carries, and thus the one the firmware
 # puts in the signed data: NV|BS|RT|TIME_BASED_AUTHENTICATED_WRITE_ACCESS|APPEND_WRITE.
 APPEND_ATTRIBUTES = efi.ATTR_AUTHENTICATED_DB | efi.ATTR_APPEND  # 0x67
 VARIABLE_GUIDS = {"KEK": efi.GLOBAL_GUID, "db": efi.IMAGE_SECURITY_GUID}
 MAX_PAYLOAD = 1 << 20
+PK_MISMATCH = (
+    "its signer's certificate is not byte for byte PK's first entry (edk2 builds no chain "
+    "for a PK-signed write, and tolerates no padding in PK)"
+)
 MAX_CHAIN = 8
 HASHES = {
     "sha1": hashes.SHA1,
@@ -141,12 +151,25 @@ def load_der_cert(der: bytes) -> Optional[x509.Certificate]:
         return None
 
 
+def digest_index(p7: bytes) -> Optional[int]:
+    """edk2's FindHashAlgorithmIndex (AuthService.c): the index of SHA-256, SHA-384 or
+    SHA-512 (mHashInfo) found at offset 13 (a bare SignedData) or 32 (wrapped in a
+    ContentInfo) behind a two-byte length (the 0x82 bits set at offset 1 or 20); None,
+    which VerifyTimeBasedPayload refuses.  edk2 before edk2-stable202302 looked at offset
+    13 for SHA-256 only, before edk2-stable202311 for SHA-256 only (the man page says it)."""
+    for index, oid in enumerate(DIGEST_OIDS):
+        bare = len(p7) >= 13 + len(oid) and p7[1] & 0x82 == 0x82 and p7[13 : 13 + 9] == oid
+        wrapped = len(p7) >= 32 + len(oid) and p7[20] & 0x82 == 0x82 and p7[32 : 32 + 9] == oid
+        if bare or wrapped:
+            return index
+    return None
+
+
 def signed_data(p7: bytes) -> cms.SignedData:
-    """edk2's checks of the CertData, then the SignedData (wrapped or not)."""
-    # VerifyTimeBasedPayload: a SEQUENCE with a two-byte length, SHA-256 at offset 13 (the
-    # first digestAlgorithm of a bare SignedData: a ContentInfo wrapper fails it).
-    if len(p7) < 13 + len(SHA256_OID) or p7[1] != 0x82 or p7[13 : 13 + 9] != SHA256_OID:
-        raise ValueError("no SHA-256 digest algorithm where edk2 looks for it (offset 13)")
+    """edk2's checks of the CertData, then the SignedData (wrapped or not: WrapPkcs7Data
+    takes it as wrapped when the signedData OID follows a two-byte length)."""
+    if digest_index(p7) is None:
+        raise ValueError("no SHA-256, SHA-384 or SHA-512 digest algorithm where edk2 looks")
     if p7[4 : 4 + len(SIGNED_DATA_OID)] == SIGNED_DATA_OID:
         info = cms.ContentInfo.load(p7, strict=True)
         value = info["content"]
@@ -266,60 +289,126 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
         return Verdict(False, f"malformed PKCS#7 ({exc.__class__.__name__}: {exc})")
     # Content inside the PKCS#7 is not an error: without PKCS7_NO_DUAL_CONTENT (edk2 does
     # not pass it) OpenSSL digests the data passed in and ignores it.
+    pool = certificate_pool(sd)
+    signers = list(sd["signer_infos"])
+    if not signers:
+        return Verdict(False, "no signer in the PKCS#7")
+    verdict = Verdict(False, "no signer")
+    for info in signers:
+        verdict = verify_signer(info, pool, message, trusted)
+        if not verdict.ok:
+            return verdict
+    return verdict
+
+
+def certificate_pool(sd: cms.SignedData) -> List[x509.Certificate]:
     pool = []
     for choice in sd["certificates"] or []:
         if choice.name == "certificate":
             cert = load_der_cert(choice.chosen.dump())
             if cert is not None:
                 pool.append(cert)
-    signers = list(sd["signer_infos"])
-    if not signers:
-        return Verdict(False, "no signer in the PKCS#7")
-    names: List[str] = []
-    for info in signers:
-        sid = info["sid"]
-        if sid.name != "issuer_and_serial_number":
-            return Verdict(False, "signer identified by key identifier (not supported)")
-        issuer = sid.chosen["issuer"].dump()
-        serial = sid.chosen["serial_number"].native
-        signer = next(
-            (c for c in pool if c.serial_number == serial and c.issuer.public_bytes() == issuer),
-            None,
+    return pool
+
+
+def find_signer(info, pool: Sequence[x509.Certificate]) -> Optional[x509.Certificate]:
+    issuer = info["sid"].chosen["issuer"].dump()
+    serial = info["sid"].chosen["serial_number"].native
+    return next(
+        (c for c in pool if c.serial_number == serial and c.issuer.public_bytes() == issuer),
+        None,
+    )
+
+
+def signature_verifies(info, signer: x509.Certificate, message: bytes) -> Optional[str]:
+    """None when the SignerInfo's signature (over its signed attributes, whose message
+    digest must be the data's, or over the data itself) verifies; else why not."""
+    digest = info["digest_algorithm"]["algorithm"].native
+    if digest not in HASHES:
+        return f"digest algorithm {digest} not supported"
+    attrs = info["signed_attrs"]
+    if attrs.native:
+        found = [a["values"][0].native for a in attrs if a["type"].native == "message_digest"]
+        if not found or found[0] != hashlib.new(digest, message).digest():
+            return "the message digest attribute does not match the data"
+        signed = b"\x31" + attrs.dump()[1:]
+    else:
+        signed = message
+    if not verify_signature(signer.public_key(), info["signature"].native, signed, digest):
+        return "the signature does not verify over the variable data"
+    return None
+
+
+def verify_signer(info, pool, message: bytes, trusted: x509.Certificate) -> Verdict:
+    """One SignerInfo: its certificate in the pool, its signature, its chain to trusted."""
+    if info["sid"].name != "issuer_and_serial_number":
+        return Verdict(False, "signer identified by key identifier (not supported)")
+    signer = find_signer(info, pool)
+    if signer is None:
+        return Verdict(False, "the signer's certificate is not in the PKCS#7", [], False)
+    problem = signature_verifies(info, signer, message)
+    if problem:
+        return Verdict(False, problem)
+    chain = chain_to(signer, pool, trusted)
+    if chain is None:
+        return Verdict(
+            False, f"the signer ({efi.short_name(signer)}) does not chain to the trusted key"
         )
-        if signer is None:
-            return Verdict(False, "the signer's certificate is not in the PKCS#7", [], False)
-        digest = info["digest_algorithm"]["algorithm"].native
-        if digest not in HASHES:
-            return Verdict(False, f"digest algorithm {digest} not supported")
-        attrs = info["signed_attrs"]
-        if attrs.native:
-            found = [a["values"][0].native for a in attrs if a["type"].native == "message_digest"]
-            if not found or found[0] != hashlib.new(digest, message).digest():
-                return Verdict(False, "the message digest attribute does not match the data")
-            signed = b"\x31" + attrs.dump()[1:]
-        else:
-            signed = message
-        if not verify_signature(signer.public_key(), info["signature"].native, signed, digest):
-            return Verdict(False, "the signature does not verify over the variable data")
-        chain = chain_to(signer, pool, trusted)
-        if chain is None:
+    for cert in chain:
+        critical = unhandled_critical(cert)
+        if critical:
             return Verdict(
-                False, f"the signer ({efi.short_name(signer)}) does not chain to the trusted key"
+                False,
+                f"{efi.short_name(cert)} has a critical extension OpenSSL does not handle "
+                f"({critical}): edk2's chain check refuses it",
             )
-        for cert in chain:
-            critical = unhandled_critical(cert)
-            if critical:
-                return Verdict(
-                    False,
-                    f"{efi.short_name(cert)} has a critical extension OpenSSL does not handle "
-                    f"({critical}): edk2's chain check refuses it",
-                )
-        names = [efi.short_name(c) for c in chain]
-    return Verdict(True, "", names)
+    return Verdict(True, "", [efi.short_name(c) for c in chain])
 
 
 def verify_payload(payload: Payload, trusted: x509.Certificate) -> Verdict:
     return verify_p7(payload.p7, signed_bytes(payload, APPEND_ATTRIBUTES), trusted)
+
+
+def first_signer_der(p7: bytes) -> Optional[bytes]:
+    """The certificate of the first SignerInfo, from the PKCS#7's own certificates, as
+    edk2's Pkcs7GetSigners returns it (PKCS7_get0_signers, then popped from the end: the
+    last one popped, its TrustedCert, is the first signer's)."""
+    try:
+        sd = signed_data(p7)
+        signers = list(sd["signer_infos"])
+        sid = signers[0]["sid"]
+        if sid.name != "issuer_and_serial_number":
+            return None
+        issuer = sid.chosen["issuer"].dump()
+        serial = sid.chosen["serial_number"].native
+        for choice in sd["certificates"] or []:
+            if choice.name != "certificate":
+                continue
+            tbs = choice.chosen["tbs_certificate"]
+            if tbs["serial_number"].native == serial and tbs["issuer"].dump() == issuer:
+                return choice.chosen.dump()
+    except Exception:
+        return None
+    return None
+
+
+def verify_pk_signed(payload: Payload, pk_entry: Optional[bytes]) -> Verdict:
+    """A write authorised by the PK, as edk2 checks it (AuthService.c,
+    VerifyTimeBasedPayload, AuthVarTypePk: "no chaining for PK"): the first signer's
+    certificate must be byte for byte the SignatureData of PK's first entry (its size is
+    SignatureSize - 16: trailing padding fails), then Pkcs7Verify with that certificate
+    as the trusted one."""
+    if pk_entry is None:
+        return Verdict(False, "the PK variable has no first entry to compare with")
+    top = first_signer_der(payload.p7)
+    if top is None:
+        return Verdict(False, "no signer certificate in the PKCS#7", [], False)
+    if top != pk_entry:
+        return Verdict(False, PK_MISMATCH)
+    trusted = load_der_cert(top)
+    if trusted is None:
+        return Verdict(False, "the PK certificate cannot be read")
+    return verify_payload(payload, trusted)
 
 
 def p7_certificates(payload: Payload) -> List[x509.Certificate]:
