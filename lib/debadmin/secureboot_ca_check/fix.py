@@ -558,13 +558,15 @@ def check_qcow2(image: bytes, path: Path) -> None:
     backing_offset, _, _, size, crypt = struct.unpack_from(">QIIQI", image, 8)
     incompatible = struct.unpack_from(">Q", image, 72)[0] if version >= 3 else 0
     if backing_offset:
-        raise Error(f"{path}: a qcow2 file with a backing file: --fix changes single files only")
+        raise Error(
+            f"{path}: a qcow2 file with a backing file: only single-file NVRAM is read or fixed"
+        )
     if incompatible & 0x4:
-        raise Error(f"{path}: a qcow2 file with an external data file: --fix refuses it")
+        raise Error(f"{path}: a qcow2 file with an external data file: refused")
     if incompatible & 0x2:
         raise Error(f"{path}: qcow2 file marked corrupt (qemu-img check -r all)")
     if crypt:
-        raise Error(f"{path}: an encrypted qcow2 file: --fix refuses it")
+        raise Error(f"{path}: an encrypted qcow2 file: refused")
     if size > efi.MAX_VARSTORE:
         raise Error(f"{path}: qcow2 of {size} bytes, larger than a varstore")
 
@@ -596,6 +598,16 @@ def read_nvram(path: Path) -> bytes:
     """The raw store of an NVRAM file, raw or qcow2 (for the report)."""
     with efi.open_regular(path) as handle:
         return read_store_file(handle, path)[0]
+
+
+def read_varstore(path: Path) -> Dict[str, efi.Variable]:
+    """The report's variables of an NVRAM file, raw or qcow2 (--varstore): read as --fix
+    and --libvirt read it, so that what one can fix the other can check."""
+    try:
+        data = read_nvram(path)
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+    return efi.parse_varstore(data, str(path))
 
 
 def write_store(path: Path, chunks, image: Optional[bytes], info: os.stat_result) -> None:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from debadmin.errors import EXIT_ACTION, EXIT_ERROR, EXIT_OK, Error, NotApplicable
+from debadmin.errors import (
+    EXIT_ACTION,
+    EXIT_ERROR,
+    EXIT_NOT_APPLICABLE,
+    EXIT_OK,
+    Error,
+    NotApplicable,
+)
 from debadmin.output import emit_json
 from debadmin.secureboot_ca_check import PROG, checks
 from debadmin.secureboot_ca_check import efi
@@ -567,8 +574,7 @@ def judge_store(
     reason) where it cannot be read."""
     try:
         path, data = read()
-        variables = efi.parse_varstore(data, str(path))
-        report = checks.build_report("varstore", str(path), variables, [], root, now)
+        report = store_report(path, data, root, now)
     except FileNotFoundError:
         return error_entry(entry, f"{gone}: no such file")
     except OSError as exc:
@@ -579,6 +585,16 @@ def judge_store(
         {"verdict": report["verdict"], "exit_status": report["exit_status"], "report": report}
     )
     return entry
+
+
+def store_report(path: Path, data: bytes, root: Path, now: datetime.datetime) -> dict:
+    """The report on a domain's store; a blank one (a template such as bookworm's
+    AAVMF_VARS.fd, all zeros, or a VM never started) is not applicable, not an error."""
+    try:
+        variables = efi.parse_varstore(data, str(path))
+    except efi.BlankStore as exc:
+        return checks.blank_report("varstore", str(path), str(exc))
+    return checks.build_report("varstore", str(path), variables, [], root, now)
 
 
 def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
@@ -718,6 +734,8 @@ def create_from_template(
 
 
 def render(entries: List[dict], quiet: bool, source: dict) -> str:
+    """The text report: where the domains came from, then one verdict per domain; with
+    quiet, nothing for a domain the check does not apply to (exit status 3)."""
     out = []
     if source["source"] == "libvirt":
         out.append(f"domains from libvirt ({source['connect']})")
@@ -726,38 +744,50 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
     else:
         out.append(f"domains from files: {source['note']}")
     for entry in entries:
-        state = "running" if entry.get("running") else "shut off"
-        if entry.get("transient"):
-            state += ", transient"
-        head = f"domain {entry['domain']} ({state}): "
-        if "running" not in entry and entry["verdict"] == "error":
-            head = f"domain {entry['domain']}: "  # its state was not looked at
-        if entry["verdict"] == "no-nvram":
-            out.append(
-                head
-                + f"no UEFI NVRAM ({entry.get('reason') or 'BIOS boot or no <nvram> element'})"
-            )
-        elif entry["verdict"] == "error":
-            out.append(head + f"error: {entry['error']}")
-        else:
-            if entry.get("nvram_exists") is False:
-                head += (
-                    f"NVRAM {entry['nvram']} not created yet; verdict on template "
-                    f"{entry['template']} (from {entry['template_from']}): "
-                )
-            out.append(head + entry["verdict"])
-            if not quiet:
-                text = checks.render_text(entry["report"], quiet)
-                out += ["    " + line if line else "" for line in text.splitlines()]
-        fixed = entry.get("fix")
-        if fixed:
-            if fixed.get("created_from"):
-                verb = "would create" if entry.get("dry_run") else "created"
-                out.append(f"    {verb} {fixed['path']} from {fixed['created_from']}")
-            out += ["    " + line for line in fix.render_fix(fixed, entry.get("dry_run", False))]
-        if entry.get("skipped"):
-            out.append(f"    not fixed: {entry['skipped']}")
+        if quiet and entry["exit_status"] == EXIT_NOT_APPLICABLE and not entry.get("fix"):
+            continue
+        out += entry_lines(entry, quiet)
     return "\n".join(checks.printable(line) for line in out) + "\n"
+
+
+def entry_head(entry: dict) -> str:
+    """ "domain NAME (state): " and, for a domain not started yet, the template's part."""
+    if "running" not in entry and entry["verdict"] == "error":
+        return f"domain {entry['domain']}: "  # its state was not looked at
+    state = "running" if entry.get("running") else "shut off"
+    if entry.get("transient"):
+        state += ", transient"
+    head = f"domain {entry['domain']} ({state}): "
+    if entry.get("nvram_exists") is False and entry["verdict"] != "error":
+        head += (
+            f"NVRAM {entry['nvram']} not created yet; verdict on template "
+            f"{entry['template']} (from {entry['template_from']}): "
+        )
+    return head
+
+
+def entry_lines(entry: dict, quiet: bool) -> List[str]:
+    """One domain's lines: its verdict, its report, what --fix did or why it did not."""
+    head = entry_head(entry)
+    if entry["verdict"] == "no-nvram":
+        reason = entry.get("reason") or "BIOS boot or no <nvram> element"
+        out = [head + f"no UEFI NVRAM ({reason})"]
+    elif entry["verdict"] == "error":
+        out = [head + f"error: {entry['error']}"]
+    else:
+        out = [head + entry["verdict"]]
+        if not quiet:
+            text = checks.render_text(entry["report"], quiet)
+            out += ["    " + line if line else "" for line in text.splitlines()]
+    fixed = entry.get("fix")
+    if fixed:
+        if fixed.get("created_from"):
+            verb = "would create" if entry.get("dry_run") else "created"
+            out.append(f"    {verb} {fixed['path']} from {fixed['created_from']}")
+        out += ["    " + line for line in fix.render_fix(fixed, entry.get("dry_run", False))]
+    if entry.get("skipped"):
+        out.append(f"    not fixed: {entry['skipped']}")
+    return out
 
 
 def combined(entries: List[dict]) -> int:
@@ -768,7 +798,7 @@ def combined(entries: List[dict]) -> int:
         return EXIT_ACTION
     if EXIT_OK in codes:
         return EXIT_OK
-    return 3
+    return EXIT_NOT_APPLICABLE
 
 
 def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
@@ -831,7 +861,7 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
             emit_json(
                 {"applicable": False, "reason": str(exc), "domains": [], "exit_status": exc.code}
             )
-        else:
+        elif getattr(args, "verbosity", 0) != -1:  # --quiet: exit status 3 says it
             print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
         return exc.code
     certs = fix.available_certs(args.cert or [], root, args.payloads) if args.fix else {}
@@ -842,8 +872,9 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
             fix_domain(domain, entry, certs, args, root)
         entries.append(entry)
     status = combined(entries)
+    quiet = getattr(args, "verbosity", 0) == -1
     if args.json:
         emit_json({**source, "domains": entries, "exit_status": status})
-    else:
-        print(render(entries, getattr(args, "verbosity", 0) == -1, source), end="")
+    elif not (quiet and status == EXIT_NOT_APPLICABLE):
+        print(render(entries, quiet, source), end="")
     return status
