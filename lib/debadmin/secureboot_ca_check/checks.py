@@ -402,27 +402,14 @@ def check_shim(
     chains to); otherwise it is accepted when a signature covers the image and chains to a
     db certificate (one of its certificates, or their issuer), or when db holds its hash.
     """
-    db_entries = (databases.get("db") or {}).get("_entries", [])
-    dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
-    db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
-    dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
-    db = CertIndex([e.cert for e in db_entries if e.cert])
-    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
+    db, dbx, db_hashes, dbx_hashes = signature_indexes(databases)
     # edk2 hashes an unsigned image with SHA-256, a signed one with each signature's
     # algorithm.
     algorithms = {"sha256"} | {s.digest_algorithm for s in image.signatures if s.digest_found}
     image_hashes = {(a, image.digests[a]) for a in algorithms}
     hash_revoked = bool(image_hashes & dbx_hashes)
     hash_allowed = bool(image_hashes & db_hashes)
-    signatures = []
-    # A crafted image repeats one signature thousands of times: parse_pe gives repeats
-    # the same certificate list, and each distinct one is judged once.
-    judged: Dict[tuple, dict] = {}
-    for sig in image.signatures:
-        key = (id(sig.certs), sig.digest_algorithm)
-        if key not in judged:
-            judged[key] = judge_signature(sig, db, dbx, now, known)
-        signatures.append({"index": sig.index, **judged[key]})
+    signatures = judge_signatures(image, db, dbx, now, known)
     # A revoked signature that does not cover the image is not checked against dbx by
     # edk2 (its Authenticode verification fails first): it neither accepts nor refuses.
     signature_revoked = any(s["revoked_by_dbx"] and s["digest_matches"] for s in signatures)
@@ -436,6 +423,40 @@ def check_shim(
         and not signature_revoked
         and (hash_allowed or any(s["accepted"] for s in signatures)),
     }
+
+
+def signature_indexes(
+    databases: Dict[str, Optional[dict]]
+) -> Tuple["CertIndex", "CertIndex", set, set]:
+    """db's and dbx's certificates indexed, and their hashes as (kind, hex) pairs."""
+    db_entries = (databases.get("db") or {}).get("_entries", [])
+    dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
+    db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
+    dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
+    db = CertIndex([e.cert for e in db_entries if e.cert])
+    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
+    return db, dbx, db_hashes, dbx_hashes
+
+
+def judge_signatures(
+    image: efi.PeImage,
+    db: CertIndex,
+    dbx: CertIndex,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> List[dict]:
+    """judge_signature() for each of the image's signatures.
+
+    A crafted image repeats one signature thousands of times: parse_pe gives repeats
+    the same certificate list, and each distinct one is judged once."""
+    signatures = []
+    judged: Dict[tuple, dict] = {}
+    for sig in image.signatures:
+        key = (id(sig.certs), sig.digest_algorithm)
+        if key not in judged:
+            judged[key] = judge_signature(sig, db, dbx, now, known)
+        signatures.append({"index": sig.index, **judged[key]})
+    return signatures
 
 
 def judge_signature(

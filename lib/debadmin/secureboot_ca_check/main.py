@@ -296,33 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dispatch(args: argparse.Namespace) -> int:
     """The report, or one of the fixing modes (in their own modules)."""
-    if args.libvirt and (args.varstore or args.efivars or args.shim or args.textfile_dir):
-        raise Error(
-            "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
-            "or --textfile-dir with it"
-        )
-    if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
-        raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
-    if args.fix and (args.shim or args.textfile_dir):
-        raise Error("--fix changes variables: no --shim or --textfile-dir")
-    if args.fix and args.efivars and (args.varstore or args.libvirt):
-        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
-    firmware = args.fix and not (args.varstore or args.libvirt)
-    if args.cert and firmware:
-        raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
-    if args.i_have_recovery_keys and not firmware:
-        raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
+    firmware = check_modes(args)
     if not (args.libvirt or args.fix):
         return cmd_check(args)
     from debadmin.secureboot_ca_check import libvirt
 
-    command = libvirt.cmd_libvirt if args.libvirt else None
     if firmware:
         command = efivarfs.cmd_fix_firmware
+    else:
+        command = libvirt.cmd_libvirt if args.libvirt else fix.cmd_fix
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-            return (command or fix.cmd_fix)(args)
+            return command(args)
     except NotApplicable as exc:  # a blank NVRAM file: a verdict, said as cmd_check says it
         if getattr(args, "verbosity", 0) != -1:
             print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
@@ -332,6 +318,33 @@ def dispatch(args: argparse.Namespace) -> int:
     except Exception as exc:  # one line, never a traceback (the writes are atomic)
         log.debug("unexpected failure", exc_info=True)
         raise Error(checks.printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
+
+
+def check_modes(args: argparse.Namespace) -> bool:
+    """Refuse options that do not go together; whether --fix works on this machine's
+    firmware (no --varstore or --libvirt)."""
+    if args.libvirt and (args.varstore or args.efivars or args.shim or args.textfile_dir):
+        raise Error(
+            "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
+            "or --textfile-dir with it"
+        )
+    if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
+        raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
+    return bool(args.fix) and check_fix_modes(args)
+
+
+def check_fix_modes(args: argparse.Namespace) -> bool:
+    """check_modes() for --fix: one kind of source, and the options of that kind."""
+    if args.shim or args.textfile_dir:
+        raise Error("--fix changes variables: no --shim or --textfile-dir")
+    if args.efivars and (args.varstore or args.libvirt):
+        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    firmware = not (args.varstore or args.libvirt)
+    if args.cert and firmware:
+        raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
+    if args.i_have_recovery_keys and not firmware:
+        raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
+    return firmware
 
 
 def main(argv: Optional[List[str]] = None) -> int:
