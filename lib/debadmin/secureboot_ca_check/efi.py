@@ -700,6 +700,16 @@ def walk_variables(
             if name is not None:
                 yield offset, state, attributes, name, data_at, data_size
         offset = (data_at + data_size + 3) & ~3
+    erased = walk_end_erased(data, offset, end, header_size, bool(unfinished), source)
+    if walk_end is not None:
+        walk_end.offset, walk_end.erased = min(offset, end), erased
+
+
+def walk_end_erased(
+    data: bytes, offset: int, end: int, header_size: int, unfinished: bool, source: str
+) -> bool:
+    """Whether the store is erased from where walk_variables() stopped to its end; an
+    Error when what is there is no write a power-off cut short."""
     erased = offset >= end or data.count(b"\xff", offset, end) == end - offset
     if not erased and not unfinished:
         # Not what a power-off leaves: after the last variable edk2 wrote in full, at
@@ -714,8 +724,7 @@ def walk_variables(
             raise Error(
                 f"{source}: corrupt variable header at byte {offset} (start 0x{start_id:04x})"
             )
-    if walk_end is not None:
-        walk_end.offset, walk_end.erased = min(offset, end), erased
+    return erased
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
