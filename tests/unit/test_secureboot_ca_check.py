@@ -1802,10 +1802,13 @@ def test_large_db_and_dbx_are_indexed_not_scanned(tmp_path):
 
 @pytest.mark.parametrize("quiet", [[], ["--quiet"]])
 def test_no_uefi_is_an_info_line_not_an_error(tmp_path, capsys, quiet):
-    """The weekly service runs with --quiet and logs what it prints: on a BIOS host that
-    is a verdict (exit 3), never 'error:'."""
+    """On a BIOS host the verdict (exit 3) is one line, never 'error:'; with --quiet (the
+    weekly service) nothing: the exit status and the metric say it."""
     rc, out, err = run(capsys, "--root", str(tmp_path), *quiet)
     assert rc == 3 and out == ""
+    if quiet:  # quiet on exit 3: the status (and the metric) say it (issue 26)
+        assert err == ""
+        return
     assert err == (
         f"secureboot-ca-check: {tmp_path / checks.EFIVARS} does not exist: this system did not "
         "boot with UEFI (or efivarfs is not mounted)\n"
@@ -2113,3 +2116,122 @@ def test_json_text_of_a_real_report_one_certificate_a_line(tmp_path, capsys):
     lines = text.splitlines()
     cert = doc["reports"][0]["variables"]["KEK"]["certificates"][0]
     assert any(line.strip().startswith('{"subject": ') for line in lines), cert
+
+
+# --- edges (issue 26): dumps that are not dumps, --quiet on exit 3, next steps -------------
+
+
+def test_efivars_dir_that_is_no_dump_is_an_error(tmp_path, capsys):
+    """An empty directory, or one of files without the NAME-GUID form, would read as a
+    firmware without keys: refused, one line, no report."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "PK").write_bytes(b"\x27\0\0\0" + (REAL / "ovmf-ms-PK.esl").read_bytes())
+    (other / "notes.txt").write_text("hello")
+    (other / f"db-{efi.IMAGE_SECURITY_GUID}").mkdir()  # a directory is no variable
+    for directory in (empty, other):
+        for extra in ([], ["--json"], ["--quiet"]):
+            rc, out, err = run(capsys, "--efivars", str(directory), *extra)
+            assert rc == 2 and out == "" and err.count("\n") == 1, (directory, extra)
+            assert "not an efivarfs dump" in err and "error:" in err
+    # One variable in the form is enough: a firmware without Secure Boot keys is a report.
+    (other / f"db-{efi.IMAGE_SECURITY_GUID}").rmdir()
+    write_efivars(other, {"SecureBoot": b"\0"})
+    rc, out, err = run(capsys, "--efivars", str(other))
+    assert rc == 3 and "Verdict: not applicable" in out and err == ""
+
+
+def test_quiet_prints_nothing_on_exit_3(tmp_path, capsys):
+    off = write_efivars(tmp_path / "off", ms_variables(SecureBoot=b"\0"))
+    rc, out, err = run(capsys, "--efivars", str(off), "--quiet")
+    assert (rc, out, err) == (3, "", "")
+    rc, out, err = run(capsys, "--efivars", str(off))
+    assert rc == 3 and "Verdict: not applicable" in out
+    # Beside a source that needs action, only that one is shown.
+    store = tmp_path / "VARS.fd"
+    store.write_bytes(make_varstore(list(ms_variables().items())))
+    rc, out, err = run(capsys, "--efivars", str(off), "--varstore", str(store), "--quiet")
+    assert rc == 1 and err == "" and f"== {off}" not in out and f"== {store}" in out
+    # Errors still reach stderr with --quiet.
+    rc, out, err = run(capsys, "--efivars", str(tmp_path / "missing"), "--quiet")
+    assert rc == 2 and "error:" in err
+
+
+def test_pk_unusable_is_never_sent_to_fwupd_for_a_kek_update(tmp_path, capsys):
+    """The Supermicro-shaped dump (PEM text as its PK): one route for KEK, the maker's
+    firmware; fwupd only for the db update its KEK CA 2011 signs."""
+    efivars = write_efivars(tmp_path / "efivars", supermicro_variables())
+    rc, doc = run_json(capsys, "--efivars", str(efivars), "--root", str(tmp_path))
+    steps = doc["reports"][0]["next_steps"]
+    assert rc == 1
+    assert not any("UEFI Key Exchange Key" in s for s in steps), steps
+    assert any("no signed KEK update can apply" in s for s in steps)
+    fwupd = [s for s in steps if "fwupdmgr" in s]
+    assert len(fwupd) <= 1 and all("'UEFI Signature Database'" in s for s in fwupd)
+
+
+KEK_CODES = ("kek-update-published", "kek-update-unpublished", None)
+FWUPD_CODES = ("fwupd-missing", "fwupd-too-old", None)
+
+
+def step_findings(flags: dict) -> list:
+    from debadmin.findings import finding
+
+    found = []
+    for code in ("kek-2023-missing", "db-uefi-ca-2023-missing"):
+        if flags[code]:
+            found.append(finding(code, "action", code, code.split("-")[0]))
+    for code in ("pk-unusable", "offline-fix-available", "db-update-signable"):
+        if flags[code]:
+            found.append(finding(code, "info", code, None, adds=["uefi_ca_2023"]))
+    if flags["kek"]:
+        found.append(finding(flags["kek"], "info", "-", "PK"))
+    if flags["fwupd"]:
+        found.append(
+            finding(flags["fwupd"], "info", "-", "fwupd", version="1.8.12", minimum="2.0.20")
+        )
+    if flags["defaults"]:
+        found.append(finding("defaults-lack-2023", "warning", "-", "KEKDefault"))
+    return found
+
+
+def test_next_steps_never_contradict_each_other():
+    """Every combination of the findings the advice reads (issue 26 item 4): one route
+    for KEK, fwupd only for what it can update, and never 'restore factory keys' beside
+    'do not restore factory keys'."""
+    from itertools import product
+
+    from debadmin.secureboot_ca_check import rules
+
+    names = ("kek-2023-missing", "db-uefi-ca-2023-missing", "pk-unusable")
+    names += ("offline-fix-available", "db-update-signable", "defaults")
+    checked = 0
+    for values in product((False, True), repeat=len(names)):
+        for kek, fwupd in product(KEK_CODES, FWUPD_CODES):
+            flags = dict(zip(names, values), kek=kek, fwupd=fwupd)
+            if not (flags["kek-2023-missing"] or flags["db-uefi-ca-2023-missing"]):
+                continue
+            steps = rules.next_steps(step_findings(flags), "efivars")
+            text = "\n".join(steps)
+            run_fwupd = [s for s in steps if "fwupdmgr update" in s]
+            kek_blocked = flags["kek-2023-missing"] and (
+                flags["pk-unusable"] or kek == "kek-update-unpublished"
+            )
+            if kek_blocked:
+                assert "UEFI Key Exchange Key" not in text, flags
+                routes = [s for s in steps if "maker's firmware (BIOS) update" in s]
+                assert len(routes) == 1, flags
+            db_by_fwupd = flags["db-uefi-ca-2023-missing"] and flags["db-update-signable"]
+            assert len(run_fwupd) == (0 if kek_blocked and not db_by_fwupd else 1), flags
+            if not run_fwupd:  # no fwupd to install for nothing
+                assert "apt install fwupd" not in text, flags
+            if run_fwupd and flags["offline-fix-available"]:
+                assert run_fwupd[0].startswith("Or, online:"), flags
+            if "Do not use 'restore factory keys'" in text:
+                assert "or restore factory keys" not in text, flags
+            assert not ("can be applied now" in text and not db_by_fwupd), flags
+            assert rules.PCR7_WARNING in steps and text.count("PCR 7") == 1, flags
+            checked += 1
+    assert checked == 3 * 2**4 * 9

@@ -380,7 +380,7 @@ def pending_write(complete: bool) -> bytes:
             ),
             "holds no Microsoft KEK CA",
         ),
-        (lambda: b"\0" * 4096, "no _FVH signature"),
+        (lambda: b"\1" + b"\0" * 4095, "no _FVH signature"),
         (lambda: b"QFI\xfb" + b"\0" * 100, "qemu-img"),
     ],
 )
@@ -1614,3 +1614,121 @@ def test_nvram_directory_links_under_root_stay_in_root(tmp_path, capsys):
     domain = libvirt.Domain("x", "x.xml", "/var/lib/libvirt/x_VARS.fd")
     assert libvirt.nvram_path(domain, tmp_path) == tmp_path / "srv/x_VARS.fd"
     assert libvirt.in_root(Path("/"), "/usr/share/OVMF/x") == Path("/usr/share/OVMF/x")
+
+
+# --- edges (issue 26): qcow2 checked, blank stores not applicable ----------------------------
+
+
+OVMF_PLAIN = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+AAVMF_BLANK = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
+
+
+def to_qcow2(raw: Path, path: Path) -> Path:
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(path)], check=True
+    )
+    return path
+
+
+def blank_template(path: Path) -> Path:
+    """bookworm's AAVMF_VARS.fd (64 MiB of zeros) when installed, else the same made here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if AAVMF_BLANK.is_file() and not AAVMF_BLANK.read_bytes().strip(b"\0"):
+        shutil.copyfile(AAVMF_BLANK, path)
+    else:
+        with open(path, "wb") as out:
+            out.truncate(64 << 20)
+    return path
+
+
+@needs_qemu_img
+@pytest.mark.skipif(not (OVMF_MS.is_file() and OVMF_PLAIN.is_file()), reason="ovmf not installed")
+def test_qcow2_varstore_is_checked_as_its_raw_copy(tmp_path, capsys):
+    """What trixie's libvirt writes (qcow2) is checked, not only fixed: the same report as
+    the raw file it was made from, whatever the file's format."""
+    for template, code in ((OVMF_MS, 1), (OVMF_PLAIN, 3)):
+        path = to_qcow2(template, tmp_path / (template.stem + ".qcow2"))
+        rc, out, err = run(capsys, "--varstore", str(path), "--root", str(tmp_path), "--json")
+        rc_raw, out_raw, _ = run(
+            capsys, "--varstore", str(template), "--root", str(tmp_path), "--json"
+        )
+        assert rc == rc_raw == code and err == "", err
+        report, raw = json.loads(out)["reports"][0], json.loads(out_raw)["reports"][0]
+        assert report["source"]["path"] == str(path)
+        report["source"] = raw["source"]
+        assert report == raw
+    # The text report too, and a damaged qcow2 is still one error line.
+    rc, out, err = run(capsys, "--varstore", str(tmp_path / "OVMF_VARS_4M.ms.qcow2"))
+    assert rc == 1 and "kek-2023-missing" not in out and "KEK lacks" in out and err == ""
+    broken = tmp_path / "broken.qcow2"
+    broken.write_bytes(b"QFI\xfb" + b"\0" * 100)
+    rc, out, err = run(capsys, "--varstore", str(broken))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "error:" in err
+
+
+@pytest.mark.parametrize("qcow2", [False, pytest.param(True, marks=needs_qemu_img)])
+def test_blank_varstore_is_not_applicable(tmp_path, capsys, fakes, qcow2):
+    blank = blank_template(tmp_path / "AAVMF_VARS.fd")
+    if qcow2:
+        blank = to_qcow2(blank, tmp_path / "AAVMF_VARS.qcow2")
+    rc, out, err = run(capsys, "--varstore", str(blank))
+    assert rc == 3 and err == "" and out.count("\n") == 1
+    assert out.startswith(f"== {blank} (varstore): not applicable: blank NVRAM")
+    assert "never started" in out
+    rc, out, err = run(capsys, "--varstore", str(blank), "--quiet")
+    assert (rc, out, err) == (3, "", "")
+    rc, out, err = run(capsys, "--varstore", str(blank), "--json")
+    doc = json.loads(out)
+    assert rc == doc["exit_status"] == 3 and err == ""
+    assert doc["reports"][0]["verdict"] == "not-applicable"
+    assert [f["code"] for f in doc["findings"]] == ["blank-nvram"]
+    # Beside a store that needs action: that one's verdict, the blank one's line.
+    store = tmp_path / "VARS.fd"
+    store.write_bytes(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--varstore", str(blank), "--varstore", str(store), "--quiet")
+    assert rc == 1 and err == "" and "blank NVRAM" not in out and f"== {store}" in out
+    # --fix has nothing to add to: a verdict, not an error; nothing written.
+    argv = ["--varstore", str(blank), "--fix", "--root", str(tmp_path), *cert_args(fakes)]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 3 and out == "" and "blank NVRAM" in err and "error" not in err
+    assert not list(tmp_path.glob("*.bak"))
+
+
+def add_domain(root: Path, name: str, arch: str, loader: str) -> None:
+    xml = DOMAIN_XML.format(name=name, uuid=uuid.uuid4(), firmware="", loader=loader)
+    (root / f"etc/libvirt/qemu/{name}.xml").write_text(
+        xml.replace("arch='x86_64' machine='pc-q35-7.2'", f"arch='{arch}' machine='virt'")
+    )
+
+
+def test_libvirt_never_started_aarch64_vm_is_not_applicable(tmp_path, capsys):
+    """bookworm's blank AAVMF template: that domain is not applicable, the others are
+    judged as usual, and the run's status comes from them (issue 26)."""
+    root = libvirt_host(tmp_path, False)
+    blank_template(root / "usr/share/AAVMF/AAVMF_VARS.fd")
+    loader = (
+        "    <loader readonly='yes' type='pflash'>/usr/share/AAVMF/AAVMF_CODE.fd</loader>\n"
+        "    <nvram template='/usr/share/AAVMF/AAVMF_VARS.fd'>"
+        "/var/lib/libvirt/qemu/nvram/arm_VARS.fd</nvram>\n"
+    )
+    add_domain(root, "arm", "aarch64", loader)
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--json")
+    doc = {d["domain"]: d for d in json.loads(out)["domains"]}
+    assert rc == 1 and err == ""
+    assert doc["arm"]["verdict"] == "not-applicable" and doc["arm"]["exit_status"] == 3
+    assert doc["arm"]["nvram_exists"] is False
+    assert doc["web"]["verdict"] == "action-needed"
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 1 and err == ""
+    assert (
+        "domain arm (shut off): NVRAM /var/lib/libvirt/qemu/nvram/arm_VARS.fd not created" in out
+    )
+    assert "not applicable: blank NVRAM (every byte 0x00)" in out
+    # Created by a first start that never got as far as the firmware: the same verdict.
+    blank_template(root / "var/lib/libvirt/qemu/nvram/arm_VARS.fd")
+    for name in ("web", "db1", "legacy"):
+        (root / f"etc/libvirt/qemu/{name}.xml").unlink()
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root))
+    assert rc == 3 and err == "" and "domain arm (shut off): not-applicable" in out
+    rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--quiet")
+    assert (rc, out, err) == (3, "", "")

@@ -17,7 +17,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from debadmin import debver, fsutil
-from debadmin.errors import Error
+from debadmin.errors import EXIT_NOT_APPLICABLE, Error
+from debadmin.findings import finding
 from debadmin.secureboot_ca_check import efi, efivarfs, payloads, rules
 
 log = logging.getLogger("debadmin")
@@ -26,6 +27,7 @@ EFIVARS = "sys/firmware/efi/efivars"
 DPKG_STATUS = "var/lib/dpkg/status"
 FWUPD_MINIMUM = "2.0.20"
 TEXTFILE_NAME = "secureboot_ca_check.prom"
+REPORTED_VARIABLES = ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
 # Where shim-signed puts the signed shim, and where grub-install copies it to the ESP.
 SHIM_CANDIDATES = ("boot/efi/EFI/debian/shim{arch}.efi", "usr/lib/shim/shim{arch}.efi.signed")
 SHIM_ARCHES = ("x64", "aa64", "ia32")
@@ -400,27 +402,14 @@ def check_shim(
     chains to); otherwise it is accepted when a signature covers the image and chains to a
     db certificate (one of its certificates, or their issuer), or when db holds its hash.
     """
-    db_entries = (databases.get("db") or {}).get("_entries", [])
-    dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
-    db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
-    dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
-    db = CertIndex([e.cert for e in db_entries if e.cert])
-    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
+    db, dbx, db_hashes, dbx_hashes = signature_indexes(databases)
     # edk2 hashes an unsigned image with SHA-256, a signed one with each signature's
     # algorithm.
     algorithms = {"sha256"} | {s.digest_algorithm for s in image.signatures if s.digest_found}
     image_hashes = {(a, image.digests[a]) for a in algorithms}
     hash_revoked = bool(image_hashes & dbx_hashes)
     hash_allowed = bool(image_hashes & db_hashes)
-    signatures = []
-    # A crafted image repeats one signature thousands of times: parse_pe gives repeats
-    # the same certificate list, and each distinct one is judged once.
-    judged: Dict[tuple, dict] = {}
-    for sig in image.signatures:
-        key = (id(sig.certs), sig.digest_algorithm)
-        if key not in judged:
-            judged[key] = judge_signature(sig, db, dbx, now, known)
-        signatures.append({"index": sig.index, **judged[key]})
+    signatures = judge_signatures(image, db, dbx, now, known)
     # A revoked signature that does not cover the image is not checked against dbx by
     # edk2 (its Authenticode verification fails first): it neither accepts nor refuses.
     signature_revoked = any(s["revoked_by_dbx"] and s["digest_matches"] for s in signatures)
@@ -434,6 +423,40 @@ def check_shim(
         and not signature_revoked
         and (hash_allowed or any(s["accepted"] for s in signatures)),
     }
+
+
+def signature_indexes(
+    databases: Dict[str, Optional[dict]]
+) -> Tuple["CertIndex", "CertIndex", set, set]:
+    """db's and dbx's certificates indexed, and their hashes as (kind, hex) pairs."""
+    db_entries = (databases.get("db") or {}).get("_entries", [])
+    dbx_entries = (databases.get("dbx") or {}).get("_entries", [])
+    db_hashes = {(e.kind, e.data.hex()) for e in db_entries if not e.cert}
+    dbx_hashes = {(e.kind, e.data.hex()) for e in dbx_entries if not e.cert}
+    db = CertIndex([e.cert for e in db_entries if e.cert])
+    dbx = CertIndex([e.cert for e in dbx_entries if e.cert], dbx_hashes)
+    return db, dbx, db_hashes, dbx_hashes
+
+
+def judge_signatures(
+    image: efi.PeImage,
+    db: CertIndex,
+    dbx: CertIndex,
+    now: datetime.datetime,
+    known: Dict[str, Tuple[str, str, str]],
+) -> List[dict]:
+    """judge_signature() for each of the image's signatures.
+
+    A crafted image repeats one signature thousands of times: parse_pe gives repeats
+    the same certificate list, and each distinct one is judged once."""
+    signatures = []
+    judged: Dict[tuple, dict] = {}
+    for sig in image.signatures:
+        key = (id(sig.certs), sig.digest_algorithm)
+        if key not in judged:
+            judged[key] = judge_signature(sig, db, dbx, now, known)
+        signatures.append({"index": sig.index, **judged[key]})
+    return signatures
 
 
 def judge_signature(
@@ -604,6 +627,30 @@ def build_report(
     return report
 
 
+def blank_report(kind: str, path: str, reason: str) -> dict:
+    """The report on a blank NVRAM file (efi.BlankStore): not applicable, in the shape of
+    every report, its one finding saying why."""
+    databases: Dict[str, Optional[dict]] = {name: None for name in REPORTED_VARIABLES}
+    message = reason[len(path) + 2 :] if reason.startswith(f"{path}: ") else reason
+    return {
+        "source": {"kind": kind, "path": path},
+        "secure_boot": None,
+        "setup_mode": None,
+        "secure_boot_active": False,
+        "pk_owner": None,
+        "variables": databases,
+        "microsoft_cas": presence(databases, KNOWN_CAS),
+        "shims": [],
+        "fwupd": None,
+        "offline_fix": None,
+        "microsoft_managed": False,
+        "findings": [finding("blank-nvram", "info", message, path)],
+        "next_steps": [],
+        "verdict": "not-applicable",
+        "exit_status": EXIT_NOT_APPLICABLE,
+    }
+
+
 def firmware_state(
     kind: str, variables: Dict[str, efi.Variable], path: str
 ) -> Tuple[Optional[bool], Optional[bool], Union[int, str, None]]:
@@ -663,7 +710,7 @@ def gather(
             image.sha256,
             len(image.signatures),
         )
-    shown = ("PK", "KEK", "db", "dbx", "KEKDefault", "dbDefault")
+    shown = REPORTED_VARIABLES
     return {
         "source": {"kind": kind, "path": path},
         "secure_boot": secure_boot,
@@ -723,68 +770,91 @@ def cert_line(cert: dict) -> str:
     return f"{name} ({when}{''.join('; ' + t for t in tags)})"
 
 
+VERDICTS = {
+    "ok": "ok, nothing to do",
+    "action-needed": "action needed",
+    "not-applicable": "not applicable (Secure Boot is not active)",
+}
+
+
 def render_text(report: dict, quiet: bool = False) -> str:
-    lines = []
+    """The text report of one source; with quiet, only its findings and verdict, and
+    nothing at all for a source the check does not apply to (exit status 3)."""
+    if quiet and report["verdict"] == "not-applicable":
+        return ""
     src = report["source"]
-    lines.append(f"== {src['path']} ({src['kind']})")
-    if not quiet:
-
-        def state(value):
-            return {True: "on", False: "off", None: "unknown"}[value]
-
-        lines.append(
-            f"Secure Boot: {state(report['secure_boot'])}, "
-            f"Setup Mode: {state(report['setup_mode'])}"
+    blank = [f for f in report["findings"] if f["code"] == "blank-nvram"]
+    if blank:
+        return (
+            printable(f"== {src['path']} ({src['kind']}): not applicable: {blank[0]['message']}")
+            + "\n"
         )
-        owner = report["pk_owner"]
-        lines.append(f"PK owner: {owner if owner is not None else 'none enrolled'}")
-        for name, database in report["variables"].items():
-            if database is None:
-                lines.append(f"{name}: not present")
-                continue
-            certs, hashes = database["certificates"], database["hashes"]
-            lines.append(f"{name}: {len(certs)} certificate(s), {len(hashes)} hash(es)")
-            lines.extend(f"  {cert_line(c)}" for c in certs)
-        for shim in report["shims"]:
-            lines.append(
-                f"shim {shim['path']}: "
-                f"{'accepted' if shim['accepted'] else 'NOT accepted'} by this firmware"
-                + (" (db holds its hash)" if shim["hash_in_db"] else "")
-            )
-            for sig in shim["signatures"]:
-                chain = " <- ".join(c["subject_cn"] or c["sha256"] for c in sig["certificates"])
-                anchors = ", ".join(sig["chains_to_db"]) or "no db certificate"
-                revoked = (
-                    f", revoked by dbx ({', '.join(sig['revoked_by_dbx'])})"
-                    if sig["revoked_by_dbx"]
-                    else ""
-                )
-                covers = "" if sig["digest_matches"] else ", does NOT cover this image"
-                lines.append(
-                    f"  signature {sig['index']}: {chain}: chains to {anchors}"
-                    f"{revoked}{covers}"
-                )
-        fw = report["fwupd"]
-        if fw is not None:
-            lines.append(
-                "fwupd: "
-                + (f"{fw['version']} installed" if fw["installed"] else "not installed")
-                + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)")
-            )
-        lines.extend(offline_lines(report))
+    lines = [f"== {src['path']} ({src['kind']})"]
+    if not quiet:
+        lines += state_lines(report)
+        lines += [line for shim in report["shims"] for line in shim_lines(shim)]
+        lines += fwupd_lines(report["fwupd"])
+        lines += offline_lines(report)
     if report["findings"]:
         lines.append("Findings:")
         lines.extend(f"  {f['severity'].upper()}: {f['message']}" for f in report["findings"])
     if report["next_steps"] and not quiet:
         lines.append("Next steps:")
         lines.extend(f"  {n}. {step}" for n, step in enumerate(report["next_steps"], 1))
-    verdict = {
-        "ok": "ok, nothing to do",
-        "action-needed": "action needed",
-        "not-applicable": "not applicable (Secure Boot is not active)",
-    }
-    lines.append(f"Verdict: {verdict[report['verdict']]}")
+    lines.append(f"Verdict: {VERDICTS[report['verdict']]}")
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def state_lines(report: dict) -> List[str]:
+    """Secure Boot's state, the PK's owner and what each signature database holds."""
+
+    def state(value):
+        return {True: "on", False: "off", None: "unknown"}[value]
+
+    owner = report["pk_owner"]
+    lines = [
+        f"Secure Boot: {state(report['secure_boot'])}, "
+        f"Setup Mode: {state(report['setup_mode'])}",
+        f"PK owner: {owner if owner is not None else 'none enrolled'}",
+    ]
+    for name, database in report["variables"].items():
+        if database is None:
+            lines.append(f"{name}: not present")
+            continue
+        certs, hashes = database["certificates"], database["hashes"]
+        lines.append(f"{name}: {len(certs)} certificate(s), {len(hashes)} hash(es)")
+        lines.extend(f"  {cert_line(c)}" for c in certs)
+    return lines
+
+
+def shim_lines(shim: dict) -> List[str]:
+    """Whether the firmware accepts a shim, and what each of its signatures chains to."""
+    lines = [
+        f"shim {shim['path']}: "
+        f"{'accepted' if shim['accepted'] else 'NOT accepted'} by this firmware"
+        + (" (db holds its hash)" if shim["hash_in_db"] else "")
+    ]
+    for sig in shim["signatures"]:
+        chain = " <- ".join(c["subject_cn"] or c["sha256"] for c in sig["certificates"])
+        anchors = ", ".join(sig["chains_to_db"]) or "no db certificate"
+        revoked = (
+            f", revoked by dbx ({', '.join(sig['revoked_by_dbx'])})"
+            if sig["revoked_by_dbx"]
+            else ""
+        )
+        covers = "" if sig["digest_matches"] else ", does NOT cover this image"
+        lines.append(f"  signature {sig['index']}: {chain}: chains to {anchors}{revoked}{covers}")
+    return lines
+
+
+def fwupd_lines(fw: Optional[dict]) -> List[str]:
+    if fw is None:
+        return []
+    return [
+        "fwupd: "
+        + (f"{fw['version']} installed" if fw["installed"] else "not installed")
+        + ("" if fw["recent_enough"] else f" (need {fw['minimum']} or later)")
+    ]
 
 
 def offline_lines(report: dict) -> List[str]:

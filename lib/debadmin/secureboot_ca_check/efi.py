@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, pkcs7
 from cryptography.x509.oid import NameOID
 
-from debadmin.errors import Error
+from debadmin.errors import Error, NotApplicable
 
 GLOBAL_GUID = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
 IMAGE_SECURITY_GUID = "d719b2cb-3d3a-4596-a3bc-dad00e67656f"
@@ -443,6 +443,26 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
+EFIVAR_NAME = re.compile(r"^[^/]+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def check_efivars_dump(directory: Path) -> None:
+    """Refuse a directory that holds no variable in efivarfs's NAME-GUID form: an empty
+    directory or another one named by mistake would otherwise read as firmware without
+    keys (a plausible report on nothing).  Every firmware has some variables (BootOrder,
+    PlatformLang...), so a real dump always holds one."""
+    try:
+        with os.scandir(directory) as entries:
+            if any(EFIVAR_NAME.match(e.name) and e.is_file() for e in entries):
+                return
+    except OSError as exc:
+        raise Error(f"cannot read {directory}: {exc.strerror}") from None
+    raise Error(
+        f"{directory}: not an efivarfs dump (no file named NAME-GUID, as in "
+        "/sys/firmware/efi/efivars)"
+    )
+
+
 def read_efivars(directory: Path) -> Dict[str, Variable]:
     """The report's variables from an efivarfs directory (NAME-GUID files)."""
     variables: Dict[str, Variable] = {}
@@ -517,8 +537,29 @@ def parse_varstore(data: bytes, source: str) -> Dict[str, Variable]:
     return variables
 
 
+class BlankStore(NotApplicable):
+    """An NVRAM file no firmware has written yet (a VM that never started)."""
+
+
+def check_blank(data: bytes, source: str) -> None:
+    """Raise BlankStore for an image of one byte value, 0x00 or 0xff.
+
+    bookworm's AAVMF_VARS.fd is 64 MiB of zeros: edk2 (OVMF's and ArmVirtQemu's flash
+    drivers) writes a firmware volume and an empty variable store into such a file at the
+    first boot.  Until then there are no keys to check: not applicable, not damage."""
+    if len(data) < 0x1000:  # smaller than any flash image: damage, not a blank store
+        return
+    for byte in (b"\0", b"\xff"):
+        if data.count(byte) == len(data):
+            raise BlankStore(
+                f"{source}: blank NVRAM (every byte 0x{byte[0]:02x}): the VM has never "
+                "started; its firmware sets up the variable store at the first boot"
+            )
+
+
 def parse_store_header(data: bytes, source: str) -> Tuple[int, int, bool]:
     """(offset of the first variable, end of the store, authenticated) of an NVRAM image."""
+    check_blank(data, source)
     if len(data) < 0x48:
         raise Error(f"{source}: too short for a firmware volume ({len(data)} bytes)")
     (
@@ -659,6 +700,16 @@ def walk_variables(
             if name is not None:
                 yield offset, state, attributes, name, data_at, data_size
         offset = (data_at + data_size + 3) & ~3
+    erased = walk_end_erased(data, offset, end, header_size, bool(unfinished), source)
+    if walk_end is not None:
+        walk_end.offset, walk_end.erased = min(offset, end), erased
+
+
+def walk_end_erased(
+    data: bytes, offset: int, end: int, header_size: int, unfinished: bool, source: str
+) -> bool:
+    """Whether the store is erased from where walk_variables() stopped to its end; an
+    Error when what is there is no write a power-off cut short."""
     erased = offset >= end or data.count(b"\xff", offset, end) == end - offset
     if not erased and not unfinished:
         # Not what a power-off leaves: after the last variable edk2 wrote in full, at
@@ -673,8 +724,7 @@ def walk_variables(
             raise Error(
                 f"{source}: corrupt variable header at byte {offset} (start 0x{start_id:04x})"
             )
-    if walk_end is not None:
-        walk_end.offset, walk_end.erased = min(offset, end), erased
+    return erased
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:

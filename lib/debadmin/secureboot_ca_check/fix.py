@@ -55,6 +55,8 @@ TARGETS: Tuple[Tuple[str, str, str, str], ...] = (
     ),
 )
 TARGETS_BY_ID = {t[0]: t for t in TARGETS}
+# Microsoft Corporation KEK CA 2011: with KEK 2K CA 2023, what makes the keys Microsoft's.
+MICROSOFT_KEK_2011 = "a1117f516a32cefcba3f2d1ace10a87972fd6bbe8fe0d0b996e09e65d802a503"
 # Where installed copies are looked for (relative to the root): trixie's
 # python3-virt-firmware ships three of the four as PEM files; sid's ovmf enrols all four in
 # its Microsoft templates.
@@ -452,34 +454,15 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
     """What --fix does to the raw store data: checks everything, writes nothing."""
     store = walk_store(data, source)
     plan = Plan(source)
-    current = {}
-    for var, guid in VAR_GUIDS.items():
-        slot = store.current(var, guid)
-        if slot is None:
-            raise Error(
-                f"{source}: no {var} variable: no Secure Boot keys are enrolled (a store made "
-                "from an OVMF_VARS template without .ms holds none), nothing to add to"
-            )
-        if (slot.attributes & efi.ATTR_AUTHENTICATED_DB) != efi.ATTR_AUTHENTICATED_DB:
-            raise Error(f"{source}: {var}: attributes 0x{slot.attributes:08x} are not 0x27")
-        current[var] = (slot, bytes(data[slot.data_at : slot.end]))
+    current = enrolled_keys(store, data, source)
     # Per variable: a db CA found in KEK (or the other way round) does not count.
     present = {
         (var, efi.fingerprint(e.cert))
         for var in VAR_GUIDS
-        for e in efi.parse_signature_lists(current[var][1], f"{source}: {var}")
+        for e in efi.parse_signature_lists(current[var], f"{source}: {var}")
         if e.cert is not None
     }
-    kek_entries = efi.parse_signature_lists(current["KEK"][1], f"{source}: KEK")
-    if not any(
-        e.cert is not None
-        and efi.fingerprint(e.cert)
-        in (
-            "a1117f516a32cefcba3f2d1ace10a87972fd6bbe8fe0d0b996e09e65d802a503",
-            TARGETS[0][3],
-        )
-        for e in kek_entries
-    ):
+    if not present & {("KEK", MICROSOFT_KEK_2011), ("KEK", TARGETS[0][3])}:
         raise Error(
             f"{source}: KEK holds no Microsoft KEK CA: the keys are not Microsoft's, "
             "--fix does not add Microsoft's CAs to them"
@@ -495,26 +478,47 @@ def plan_fix(data: bytes, source: str, certs: Dict[str, Cert]) -> Plan:
         else:
             plan.unavailable.append(target)
     for var, extra in additions.items():
-        plan.updates[(var, VAR_GUIDS[var])] = current[var][1] + extra
+        plan.updates[(var, VAR_GUIDS[var])] = current[var] + extra
     if plan.updates:
         new = rewrite(store, plan.updates)  # bytes up to the end of the store
-        # Read back what was built, as edk2 will: the same checks, the new data in place.
-        # Every variable the report reads is what edk2 saw before, or the new data, and
-        # edk2 finds the rest of the new store free (else it would reclaim it).
-        check = efi.parse_varstore(readback_volume(new), source)
-        expected = {
-            name: variable.data for name, variable in efi.parse_varstore(data, source).items()
-        }
-        expected.update({var: value for (var, _guid), value in plan.updates.items()})
-        readback = walk_store(readback_volume(new), source, ftw=False)
-        if (
-            {name: variable.data for name, variable in check.items()} != expected
-            or not readback.erased
-            or len(new) != store.end
-        ):
-            raise Error(f"{source}: internal error: the rewritten store does not read back")
+        check_rewrite(data, new, store, plan.updates, source)
         plan.new_bytes = (new, memoryview(data)[store.end :])
     return plan
+
+
+def enrolled_keys(store: Store, data: bytes, source: str) -> Dict[str, bytes]:
+    """The data of KEK and db as edk2 uses them; an Error when either is missing or not
+    an authenticated variable."""
+    current = {}
+    for var, guid in VAR_GUIDS.items():
+        slot = store.current(var, guid)
+        if slot is None:
+            raise Error(
+                f"{source}: no {var} variable: no Secure Boot keys are enrolled (a store made "
+                "from an OVMF_VARS template without .ms holds none), nothing to add to"
+            )
+        if (slot.attributes & efi.ATTR_AUTHENTICATED_DB) != efi.ATTR_AUTHENTICATED_DB:
+            raise Error(f"{source}: {var}: attributes 0x{slot.attributes:08x} are not 0x27")
+        current[var] = bytes(data[slot.data_at : slot.end])
+    return current
+
+
+def check_rewrite(
+    data: bytes, new: bytes, store: Store, updates: Dict[Tuple[str, str], bytes], source: str
+) -> None:
+    """Read back what was built, as edk2 will: the same checks, the new data in place.
+    Every variable the report reads is what edk2 saw before, or the new data, and edk2
+    finds the rest of the new store free (else it would reclaim it)."""
+    check = efi.parse_varstore(readback_volume(new), source)
+    expected = {name: variable.data for name, variable in efi.parse_varstore(data, source).items()}
+    expected.update({var: value for (var, _guid), value in updates.items()})
+    readback = walk_store(readback_volume(new), source, ftw=False)
+    if (
+        {name: variable.data for name, variable in check.items()} != expected
+        or not readback.erased
+        or len(new) != store.end
+    ):
+        raise Error(f"{source}: internal error: the rewritten store does not read back")
 
 
 def ofd_locked(fd: int) -> bool:
@@ -558,13 +562,15 @@ def check_qcow2(image: bytes, path: Path) -> None:
     backing_offset, _, _, size, crypt = struct.unpack_from(">QIIQI", image, 8)
     incompatible = struct.unpack_from(">Q", image, 72)[0] if version >= 3 else 0
     if backing_offset:
-        raise Error(f"{path}: a qcow2 file with a backing file: --fix changes single files only")
+        raise Error(
+            f"{path}: a qcow2 file with a backing file: only single-file NVRAM is read or fixed"
+        )
     if incompatible & 0x4:
-        raise Error(f"{path}: a qcow2 file with an external data file: --fix refuses it")
+        raise Error(f"{path}: a qcow2 file with an external data file: refused")
     if incompatible & 0x2:
         raise Error(f"{path}: qcow2 file marked corrupt (qemu-img check -r all)")
     if crypt:
-        raise Error(f"{path}: an encrypted qcow2 file: --fix refuses it")
+        raise Error(f"{path}: an encrypted qcow2 file: refused")
     if size > efi.MAX_VARSTORE:
         raise Error(f"{path}: qcow2 of {size} bytes, larger than a varstore")
 
@@ -596,6 +602,16 @@ def read_nvram(path: Path) -> bytes:
     """The raw store of an NVRAM file, raw or qcow2 (for the report)."""
     with efi.open_regular(path) as handle:
         return read_store_file(handle, path)[0]
+
+
+def read_varstore(path: Path) -> Dict[str, efi.Variable]:
+    """The report's variables of an NVRAM file, raw or qcow2 (--varstore): read as --fix
+    and --libvirt read it, so that what one can fix the other can check."""
+    try:
+        data = read_nvram(path)
+    except OSError as exc:
+        raise Error(f"cannot read {path}: {exc.strerror}") from None
+    return efi.parse_varstore(data, str(path))
 
 
 def write_store(path: Path, chunks, image: Optional[bytes], info: os.stat_result) -> None:

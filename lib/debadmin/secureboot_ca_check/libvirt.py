@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from debadmin.errors import EXIT_ACTION, EXIT_ERROR, EXIT_OK, Error, NotApplicable
+from debadmin.errors import (
+    EXIT_ACTION,
+    EXIT_ERROR,
+    EXIT_NOT_APPLICABLE,
+    EXIT_OK,
+    Error,
+    NotApplicable,
+)
 from debadmin.output import emit_json
 from debadmin.secureboot_ca_check import PROG, checks
 from debadmin.secureboot_ca_check import efi
@@ -117,33 +124,13 @@ def parse_domain(tree: ElementTree.Element, where: str, fallback: str) -> Option
     if not name or "/" in name:
         message = f"{where}: domain name {name!r} is not one libvirt accepts"
         return Domain(fallback, where, None, message)
-    nvram = tree.find("os/nvram")
     os_element = tree.find("os")
-    path_text: Optional[str] = None
-    template: Optional[str] = None
-    nvram_format: Optional[str] = None
-    if nvram is not None:
-        # libvirt < 9: <nvram>PATH</nvram>; 9+ may write <nvram><source file=.../>.
-        source = nvram.find("source")
-        path_text = (
-            source.get("file") if source is not None else (nvram.text or "").strip()
-        ) or None
-        template = nvram.get("template") or None
-        nvram_format = nvram.get("format") or None
+    path_text, template, nvram_format = nvram_element(tree.find("os/nvram"))
     loader = tree.find("os/loader")
-    uses_pflash = os_element is not None and (
-        os_element.get("firmware") == "efi"
-        or (
-            loader is not None
-            and loader.get("type") == "pflash"
-            and loader.get("readonly") == "yes"
-            and (loader.text or "").strip()
-        )
-    )
     no_nvram = stateless_reason(loader)
     if no_nvram:
         path_text = None  # libvirt gives such a loader no NVRAM (and refuses one named)
-    elif path_text is None and uses_pflash:
+    elif path_text is None and uses_pflash(os_element, loader):
         # No file chosen yet: the one libvirt names NVRAM_DIR/NAME_VARS.fd at the first start.
         path_text = f"{NVRAM_DIR}/{name}_VARS.fd"
     pm = tuple(
@@ -160,6 +147,34 @@ def parse_domain(tree: ElementTree.Element, where: str, fallback: str) -> Option
         nvram_format,
         pm=pm,
         no_nvram=no_nvram,
+    )
+
+
+def nvram_element(
+    nvram: Optional[ElementTree.Element],
+) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """(path, template, format) of an <nvram> element, each None where it says nothing."""
+    if nvram is None:
+        return None, None, None
+    # libvirt < 9: <nvram>PATH</nvram>; 9+ may write <nvram><source file=.../>.
+    source = nvram.find("source")
+    path_text = (source.get("file") if source is not None else (nvram.text or "").strip()) or None
+    return path_text, nvram.get("template") or None, nvram.get("format") or None
+
+
+def uses_pflash(
+    os_element: Optional[ElementTree.Element], loader: Optional[ElementTree.Element]
+) -> bool:
+    """The domain boots UEFI from flash: firmware='efi', or a read-only pflash loader."""
+    if os_element is None:
+        return False
+    if os_element.get("firmware") == "efi":
+        return True
+    return (
+        loader is not None
+        and loader.get("type") == "pflash"
+        and loader.get("readonly") == "yes"
+        and bool((loader.text or "").strip())
     )
 
 
@@ -342,53 +357,74 @@ def tristate(element: Optional[ElementTree.Element], name: str) -> Optional[bool
 
 
 def descriptor_matches(document: dict, os_element: ElementTree.Element, pm) -> bool:
-    """libvirt's qemuFirmwareMatchDomain, for what decides a UEFI flash template."""
-    loader = os_element.find("loader")
-    if stateless_reason(loader):
+    """libvirt's qemuFirmwareMatchDomain, for what decides a UEFI flash template: the
+    flash mapping and its loader, the architecture and machine, the features."""
+    if stateless_reason(os_element.find("loader")):
         # libvirt matches these to a 'stateless' flash or a 'memory' descriptor only:
         # neither has an NVRAM template.
         return False
+    template = split_flash_template(document, os_element)
+    return (
+        template is not None
+        and "uefi" in (document.get("interface-types") or [])
+        and target_matches(document, os_element)
+        and features_match(document, os_element, pm)
+        and template.get("format", "raw") == "raw"
+        and isinstance(template.get("filename"), str)
+    )
+
+
+def split_flash_template(document: dict, os_element: ElementTree.Element) -> Optional[dict]:
+    """The nvram-template of a descriptor's split flash mapping, when the domain may use
+    that mapping (a legacy domain names its loader: matched by file name); else None."""
     mapping = document.get("mapping")
     if not isinstance(mapping, dict) or mapping.get("device") != "flash":
-        return False
+        return None
     if mapping.get("mode", "split") != "split":
-        return False
+        return None
     executable = mapping.get("executable") or {}
     template = mapping.get("nvram-template") or {}
     if not isinstance(executable, dict) or not isinstance(template, dict):
-        return False
+        return None
     if os_element.get("firmware") != "efi":
-        # Legacy: a loader path named in the definition, matched by file name.
+        loader = os_element.find("loader")
         if loader is None or executable.get("filename") != (loader.text or "").strip():
-            return False
-    if "uefi" not in (document.get("interface-types") or []):
-        return False
+            return None
+    return template
+
+
+def target_matches(document: dict, os_element: ElementTree.Element) -> bool:
+    """One of the descriptor's targets has the domain's architecture and a machine glob
+    that its machine type fits."""
     type_element = os_element.find("type")
     arch = type_element.get("arch") if type_element is not None else None
     machine = type_element.get("machine") if type_element is not None else None
-    if not any(
-        isinstance(target, dict)
-        and target.get("architecture") == arch
-        and any(
-            isinstance(glob, str) and machine and fnmatch.fnmatchcase(machine, glob)
-            for glob in target.get("machines") or []
-        )
-        for target in document.get("targets") or []
-    ):
+    if not machine:
         return False
+    for target in document.get("targets") or []:
+        if not isinstance(target, dict) or target.get("architecture") != arch:
+            continue
+        globs = [glob for glob in target.get("machines") or [] if isinstance(glob, str)]
+        if any(fnmatch.fnmatchcase(machine, glob) for glob in globs):
+            return True
+    return False
+
+
+def features_match(document: dict, os_element: ElementTree.Element, pm) -> bool:
+    """The features the domain asks for (or refuses) are the descriptor's: Secure Boot,
+    enrolled keys, SMM for a secure loader, ACPI S3 and S4 for enabled suspend."""
     features = set(f for f in document.get("features") or [] if isinstance(f, str))
     for name in ("secure-boot", "enrolled-keys"):
         wanted = tristate(os_element, name)
         if wanted is not None and wanted != (name in features):
             return False
+    loader = os_element.find("loader")
     if loader is not None and loader.get("secure") == "yes" and "requires-smm" not in features:
         return False
     suspend_to_mem, suspend_to_disk = pm
-    if suspend_to_mem and "acpi-s3" not in features:
-        return False
-    if suspend_to_disk and "acpi-s4" not in features:
-        return False
-    return template.get("format", "raw") == "raw" and isinstance(template.get("filename"), str)
+    return not (suspend_to_mem and "acpi-s3" not in features) and not (
+        suspend_to_disk and "acpi-s4" not in features
+    )
 
 
 def qemu_conf_templates(root: Path) -> Dict[str, str]:
@@ -567,8 +603,7 @@ def judge_store(
     reason) where it cannot be read."""
     try:
         path, data = read()
-        variables = efi.parse_varstore(data, str(path))
-        report = checks.build_report("varstore", str(path), variables, [], root, now)
+        report = store_report(path, data, root, now)
     except FileNotFoundError:
         return error_entry(entry, f"{gone}: no such file")
     except OSError as exc:
@@ -579,6 +614,16 @@ def judge_store(
         {"verdict": report["verdict"], "exit_status": report["exit_status"], "report": report}
     )
     return entry
+
+
+def store_report(path: Path, data: bytes, root: Path, now: datetime.datetime) -> dict:
+    """The report on a domain's store; a blank one (a template such as bookworm's
+    AAVMF_VARS.fd, all zeros, or a VM never started) is not applicable, not an error."""
+    try:
+        variables = efi.parse_varstore(data, str(path))
+    except efi.BlankStore as exc:
+        return checks.blank_report("varstore", str(path), str(exc))
+    return checks.build_report("varstore", str(path), variables, [], root, now)
 
 
 def check_domain(domain: Domain, root: Path, now: datetime.datetime) -> dict:
@@ -718,6 +763,8 @@ def create_from_template(
 
 
 def render(entries: List[dict], quiet: bool, source: dict) -> str:
+    """The text report: where the domains came from, then one verdict per domain; with
+    quiet, nothing for a domain the check does not apply to (exit status 3)."""
     out = []
     if source["source"] == "libvirt":
         out.append(f"domains from libvirt ({source['connect']})")
@@ -726,38 +773,50 @@ def render(entries: List[dict], quiet: bool, source: dict) -> str:
     else:
         out.append(f"domains from files: {source['note']}")
     for entry in entries:
-        state = "running" if entry.get("running") else "shut off"
-        if entry.get("transient"):
-            state += ", transient"
-        head = f"domain {entry['domain']} ({state}): "
-        if "running" not in entry and entry["verdict"] == "error":
-            head = f"domain {entry['domain']}: "  # its state was not looked at
-        if entry["verdict"] == "no-nvram":
-            out.append(
-                head
-                + f"no UEFI NVRAM ({entry.get('reason') or 'BIOS boot or no <nvram> element'})"
-            )
-        elif entry["verdict"] == "error":
-            out.append(head + f"error: {entry['error']}")
-        else:
-            if entry.get("nvram_exists") is False:
-                head += (
-                    f"NVRAM {entry['nvram']} not created yet; verdict on template "
-                    f"{entry['template']} (from {entry['template_from']}): "
-                )
-            out.append(head + entry["verdict"])
-            if not quiet:
-                text = checks.render_text(entry["report"], quiet)
-                out += ["    " + line if line else "" for line in text.splitlines()]
-        fixed = entry.get("fix")
-        if fixed:
-            if fixed.get("created_from"):
-                verb = "would create" if entry.get("dry_run") else "created"
-                out.append(f"    {verb} {fixed['path']} from {fixed['created_from']}")
-            out += ["    " + line for line in fix.render_fix(fixed, entry.get("dry_run", False))]
-        if entry.get("skipped"):
-            out.append(f"    not fixed: {entry['skipped']}")
+        if quiet and entry["exit_status"] == EXIT_NOT_APPLICABLE and not entry.get("fix"):
+            continue
+        out += entry_lines(entry, quiet)
     return "\n".join(checks.printable(line) for line in out) + "\n"
+
+
+def entry_head(entry: dict) -> str:
+    """ "domain NAME (state): " and, for a domain not started yet, the template's part."""
+    if "running" not in entry and entry["verdict"] == "error":
+        return f"domain {entry['domain']}: "  # its state was not looked at
+    state = "running" if entry.get("running") else "shut off"
+    if entry.get("transient"):
+        state += ", transient"
+    head = f"domain {entry['domain']} ({state}): "
+    if entry.get("nvram_exists") is False and entry["verdict"] != "error":
+        head += (
+            f"NVRAM {entry['nvram']} not created yet; verdict on template "
+            f"{entry['template']} (from {entry['template_from']}): "
+        )
+    return head
+
+
+def entry_lines(entry: dict, quiet: bool) -> List[str]:
+    """One domain's lines: its verdict, its report, what --fix did or why it did not."""
+    head = entry_head(entry)
+    if entry["verdict"] == "no-nvram":
+        reason = entry.get("reason") or "BIOS boot or no <nvram> element"
+        out = [head + f"no UEFI NVRAM ({reason})"]
+    elif entry["verdict"] == "error":
+        out = [head + f"error: {entry['error']}"]
+    else:
+        out = [head + entry["verdict"]]
+        if not quiet:
+            text = checks.render_text(entry["report"], quiet)
+            out += ["    " + line if line else "" for line in text.splitlines()]
+    fixed = entry.get("fix")
+    if fixed:
+        if fixed.get("created_from"):
+            verb = "would create" if entry.get("dry_run") else "created"
+            out.append(f"    {verb} {fixed['path']} from {fixed['created_from']}")
+        out += ["    " + line for line in fix.render_fix(fixed, entry.get("dry_run", False))]
+    if entry.get("skipped"):
+        out.append(f"    not fixed: {entry['skipped']}")
+    return out
 
 
 def combined(entries: List[dict]) -> int:
@@ -768,7 +827,7 @@ def combined(entries: List[dict]) -> int:
         return EXIT_ACTION
     if EXIT_OK in codes:
         return EXIT_OK
-    return 3
+    return EXIT_NOT_APPLICABLE
 
 
 def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
@@ -831,7 +890,7 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
             emit_json(
                 {"applicable": False, "reason": str(exc), "domains": [], "exit_status": exc.code}
             )
-        else:
+        elif getattr(args, "verbosity", 0) != -1:  # --quiet: exit status 3 says it
             print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
         return exc.code
     certs = fix.available_certs(args.cert or [], root, args.payloads) if args.fix else {}
@@ -842,8 +901,9 @@ def cmd_libvirt(args: argparse.Namespace) -> int:
             fix_domain(domain, entry, certs, args, root)
         entries.append(entry)
     status = combined(entries)
+    quiet = getattr(args, "verbosity", 0) == -1
     if args.json:
         emit_json({**source, "domains": entries, "exit_status": status})
-    else:
-        print(render(entries, getattr(args, "verbosity", 0) == -1, source), end="")
+    elif not (quiet and status == EXIT_NOT_APPLICABLE):
+        print(render(entries, quiet, source), end="")
     return status

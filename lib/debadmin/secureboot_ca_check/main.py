@@ -18,7 +18,7 @@ from debadmin import cli
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import PROG, checks, efi, efivarfs
+from debadmin.secureboot_ca_check import PROG, checks, efi, efivarfs, fix
 
 log = logging.getLogger("debadmin")
 
@@ -32,55 +32,9 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
         raise Error(f"{args.root}: no such directory")
     root = Path(args.root or "/")
     reports = []
-    explicit_shims = [Path(args.shim)] if args.shim else []
     if args.efivars or not args.varstore:
-        directory = Path(args.efivars) if args.efivars else root / checks.EFIVARS
-        if args.efivars and not directory.is_dir():
-            # A directory the admin named is bad input, not a host without UEFI.
-            raise Error(f"{directory}: no such directory")
-        if not directory.is_dir():
-            raise NotApplicable(
-                f"{directory} does not exist: this system did not boot "
-                "with UEFI (or efivarfs is not mounted)"
-            )
-        variables = efi.read_efivars(directory)
-        log.debug(
-            "%s: read %s",
-            checks.printable(str(directory)),
-            ", ".join(sorted(variables)) or "nothing",
-        )
-        # A dump named by --efivars is another machine's: none of this host's facts (its
-        # shims, its fwupd) belong in its report, unless --root names that machine's tree.
-        host = not args.efivars or bool(args.root)
-        shims = explicit_shims or (checks.default_shims(root) if host else [])
-        log.debug("shims to check: %s", checks.printable(", ".join(map(str, shims))) or "none")
-        reports.append(
-            checks.build_report(
-                "efivars",
-                str(directory),
-                variables,
-                shims,
-                root,
-                now,
-                host=host,
-                payloads_dir=args.payloads,
-            )
-        )
-    for path in args.varstore or []:
-        variables = efi.read_varstore(Path(path))
-        log.debug("%s: read %s", checks.printable(path), ", ".join(sorted(variables)) or "nothing")
-        reports.append(
-            checks.build_report(
-                "varstore",
-                path,
-                variables,
-                explicit_shims,
-                root,
-                now,
-                host=False,
-                payloads_dir=args.payloads,
-            )
-        )
+        reports.append(efivars_report(args, root, now))
+    reports += [varstore_report(args, path, root, now) for path in args.varstore or []]
     for report in reports:
         log.debug(
             "%s: %s (%s)",
@@ -89,6 +43,57 @@ def collect(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
             ", ".join(f["code"] for f in report["findings"]) or "no findings",
         )
     return reports
+
+
+def efivars_report(args: argparse.Namespace, root: Path, now: datetime.datetime) -> dict:
+    """The report on this machine's efivarfs (under --root), or on the --efivars dump."""
+    directory = Path(args.efivars) if args.efivars else root / checks.EFIVARS
+    if args.efivars and not directory.is_dir():
+        # A directory the admin named is bad input, not a host without UEFI.
+        raise Error(f"{directory}: no such directory")
+    if not directory.is_dir():
+        raise NotApplicable(
+            f"{directory} does not exist: this system did not boot "
+            "with UEFI (or efivarfs is not mounted)"
+        )
+    if args.efivars:
+        efi.check_efivars_dump(directory)
+    variables = efi.read_efivars(directory)
+    log.debug(
+        "%s: read %s",
+        checks.printable(str(directory)),
+        ", ".join(sorted(variables)) or "nothing",
+    )
+    # A dump named by --efivars is another machine's: none of this host's facts (its
+    # shims, its fwupd) belong in its report, unless --root names that machine's tree.
+    host = not args.efivars or bool(args.root)
+    shims = [Path(args.shim)] if args.shim else (checks.default_shims(root) if host else [])
+    log.debug("shims to check: %s", checks.printable(", ".join(map(str, shims))) or "none")
+    return checks.build_report(
+        "efivars",
+        str(directory),
+        variables,
+        shims,
+        root,
+        now,
+        host=host,
+        payloads_dir=args.payloads,
+    )
+
+
+def varstore_report(
+    args: argparse.Namespace, path: str, root: Path, now: datetime.datetime
+) -> dict:
+    """The report on one NVRAM file, raw or qcow2; a blank one is not applicable."""
+    try:
+        variables = fix.read_varstore(Path(path))
+    except efi.BlankStore as exc:
+        return checks.blank_report("varstore", path, str(exc))
+    log.debug("%s: read %s", checks.printable(path), ", ".join(sorted(variables)) or "nothing")
+    shims = [Path(args.shim)] if args.shim else []
+    return checks.build_report(
+        "varstore", path, variables, shims, root, now, host=False, payloads_dir=args.payloads
+    )
 
 
 def evaluate(args: argparse.Namespace, now: datetime.datetime) -> List[dict]:
@@ -166,8 +171,8 @@ def print_json(document: dict) -> None:
 
 
 def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Error) -> int:
-    """No UEFI here: a verdict, not an error.  One info line on stderr (the weekly
-    service logs it as such, -q or not), or with --json a document saying so."""
+    """No UEFI here: a verdict, not an error.  One info line on stderr (none with
+    --quiet: exit status 3 says it), or with --json a document saying so."""
     if textfile:
         checks.write_metrics(textfile, [], exc.code)
     if args.json:
@@ -180,7 +185,7 @@ def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Erro
                 "exit_status": exc.code,
             }
         )
-    else:
+    elif getattr(args, "verbosity", 0) != -1:  # --quiet: nothing, exit 3 says it
         print(f"{PROG}: {exc}", file=sys.stderr)
     return exc.code
 
@@ -208,7 +213,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print_json(json_document(reports, status))
     else:
-        print("\n".join(checks.render_text(r, quiet) for r in reports), end="")
+        texts = [checks.render_text(r, quiet) for r in reports]
+        print("\n".join(text for text in texts if text), end="")
     return status
 
 
@@ -290,6 +296,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def dispatch(args: argparse.Namespace) -> int:
     """The report, or one of the fixing modes (in their own modules)."""
+    firmware = check_modes(args)
+    if not (args.libvirt or args.fix):
+        return cmd_check(args)
+    from debadmin.secureboot_ca_check import libvirt
+
+    if firmware:
+        command = efivarfs.cmd_fix_firmware
+    else:
+        command = libvirt.cmd_libvirt if args.libvirt else fix.cmd_fix
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            return command(args)
+    except NotApplicable as exc:  # a blank NVRAM file: a verdict, said as cmd_check says it
+        if getattr(args, "verbosity", 0) != -1:
+            print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
+        return exc.code
+    except Error:
+        raise
+    except Exception as exc:  # one line, never a traceback (the writes are atomic)
+        log.debug("unexpected failure", exc_info=True)
+        raise Error(checks.printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
+
+
+def check_modes(args: argparse.Namespace) -> bool:
+    """Refuse options that do not go together; whether --fix works on this machine's
+    firmware (no --varstore or --libvirt)."""
     if args.libvirt and (args.varstore or args.efivars or args.shim or args.textfile_dir):
         raise Error(
             "--libvirt reads the domains' NVRAM: no --varstore, --efivars, --shim "
@@ -297,31 +330,21 @@ def dispatch(args: argparse.Namespace) -> int:
         )
     if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
         raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
-    if args.fix and (args.shim or args.textfile_dir):
+    return bool(args.fix) and check_fix_modes(args)
+
+
+def check_fix_modes(args: argparse.Namespace) -> bool:
+    """check_modes() for --fix: one kind of source, and the options of that kind."""
+    if args.shim or args.textfile_dir:
         raise Error("--fix changes variables: no --shim or --textfile-dir")
-    if args.fix and args.efivars and (args.varstore or args.libvirt):
+    if args.efivars and (args.varstore or args.libvirt):
         raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
-    firmware = args.fix and not (args.varstore or args.libvirt)
+    firmware = not (args.varstore or args.libvirt)
     if args.cert and firmware:
         raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
     if args.i_have_recovery_keys and not firmware:
         raise Error("--i-have-recovery-keys goes with --fix on this machine's firmware")
-    if not (args.libvirt or args.fix):
-        return cmd_check(args)
-    from debadmin.secureboot_ca_check import fix, libvirt
-
-    command = libvirt.cmd_libvirt if args.libvirt else None
-    if firmware:
-        command = efivarfs.cmd_fix_firmware
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-            return (command or fix.cmd_fix)(args)
-    except Error:
-        raise
-    except Exception as exc:  # one line, never a traceback (the writes are atomic)
-        log.debug("unexpected failure", exc_info=True)
-        raise Error(checks.printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
+    return firmware
 
 
 def main(argv: Optional[List[str]] = None) -> int:

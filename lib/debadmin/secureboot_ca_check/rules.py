@@ -389,31 +389,65 @@ def shim_steps(findings: List[Finding]) -> List[str]:
     return steps
 
 
+VM_STEP = (
+    "For this virtual machine: shut it down, then run "
+    "'secureboot-ca-check --varstore FILE --fix' (or --libvirt --fix for "
+    "every shut-off libvirt VM); it adds the missing 2023 CAs and keeps a backup "
+    "of the NVRAM file beside it. Boot the VM and check again."
+)
+KEY_DEVICE, DB_DEVICE = "'UEFI Key Exchange Key'", "'UEFI Signature Database'"
+
+
 def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
-    """How to get the missing 2023 certificates into KEK and db."""
-    steps = []
-    codes = {f["code"] for f in findings}
-    fwupd = {f["code"]: f for f in findings if f["subject"] == "fwupd"}
+    """How to get the missing 2023 certificates into KEK and db: one route per
+    variable, so that no step undoes another (a KEK that no signed update can reach is
+    not sent to fwupd for one)."""
     if source_kind == "varstore":
         # Inside a VM fwupd cannot update KEK (no Microsoft-signed KEK payload exists
         # for OVMF's PK), and only sid's ovmf templates hold the 2023 CAs: the NVRAM
         # file is fixed offline instead.
-        steps.append(
-            "For this virtual machine: shut it down, then run "
-            "'secureboot-ca-check --varstore FILE --fix' (or --libvirt --fix for "
-            "every shut-off libvirt VM); it adds the missing 2023 CAs and keeps a backup "
-            "of the NVRAM file beside it. Boot the VM and check again."
-        )
-        steps.append(PCR7_WARNING)
-        return steps
+        return [VM_STEP, PCR7_WARNING]
+    codes = {f["code"] for f in findings}
+    steps = []
     if "offline-fix-available" in codes:
         steps.append(
             "Offline, verified before anything is written: 'secureboot-ca-check --fix "
             "--dry-run' shows the plan, 'secureboot-ca-check --fix' applies it "
             "(Microsoft's signed updates; see secureboot-ca-check(8))."
-            if source_kind == "efivars"
-            else "On the machine itself: 'secureboot-ca-check --fix' (offline)."
         )
+    devices = fwupd_devices(codes)
+    if devices:
+        steps += fwupd_steps(findings, devices, alternative="offline-fix-available" in codes)
+    steps += kek_route(codes)
+    if "db-uefi-ca-2023-missing" in codes and "db-update-signable" in codes:
+        steps.append(
+            "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
+            "which this machine has: it can be applied now."
+        )
+    steps.append(PCR7_WARNING)
+    return steps
+
+
+def kek_blocked(codes: set) -> bool:
+    """No signed KEK update can reach this KEK: the PK cannot verify one, or Microsoft
+    publishes none for it."""
+    return "kek-2023-missing" in codes and bool(codes & {"pk-unusable", "kek-update-unpublished"})
+
+
+def fwupd_devices(codes: set) -> List[str]:
+    """The fwupd devices that can still bring something: none for a KEK no signed update
+    reaches, the db only when a KEK certificate here signs its update."""
+    if not kek_blocked(codes):
+        return [KEY_DEVICE, DB_DEVICE]
+    if "db-uefi-ca-2023-missing" in codes and "db-update-signable" in codes:
+        return [DB_DEVICE]
+    return []
+
+
+def fwupd_steps(findings: List[Finding], devices: List[str], alternative: bool) -> List[str]:
+    """fwupd's install or upgrade when due, then its run for the devices that can update."""
+    steps = []
+    fwupd = {f["code"]: f for f in findings if f["subject"] == "fwupd"}
     if "fwupd-missing" in fwupd:
         steps.append(
             f"Install fwupd {fwupd['fwupd-missing']['minimum']} or later: apt install fwupd"
@@ -423,36 +457,46 @@ def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
         steps.append(
             f"Upgrade fwupd ({old['version']}) to {old['minimum']} or later: apt install fwupd"
         )
+    which = " and ".join(devices)
     steps.append(
-        "Run: fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
-        "(devices 'UEFI Key Exchange Key' and 'UEFI Signature Database')."
+        ("Or, online: " if alternative else "Run: ")
+        + "fwupdmgr refresh && fwupdmgr get-updates && fwupdmgr update "
+        + f"(device{'s' if len(devices) > 1 else ''} {which})."
     )
-    if "kek-2023-missing" in codes and "pk-unusable" in codes:
-        steps.append(
-            "The KEK update must be signed by the platform key, and this machine's PK is "
-            "not a certificate the firmware can use: no signed KEK update can apply. "
-            "Install the maker's firmware (BIOS) update, or clear the keys in the firmware "
-            "setup and enrol a PK of your own, then KEK and db (efitools)."
-        )
-    elif "kek-update-unpublished" in codes:
-        steps.append(
-            "Microsoft publishes no KEK update signed by this machine's platform key: "
-            "install the maker's firmware (BIOS) update, or restore factory keys if "
-            "KEKDefault holds the KEK 2K CA 2023; enrolling by hand is the last resort."
-        )
-    elif "kek-2023-missing" in codes:
-        steps.append(
-            "The KEK update must be signed by the machine maker's platform key: "
-            "if LVFS offers none for this machine, install the maker's firmware "
-            "(BIOS) update; enrolling by hand (efitools) is the last resort."
-        )
-    if "db-uefi-ca-2023-missing" in codes and "db-update-signable" in codes:
-        steps.append(
-            "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
-            "which this machine has: it can be applied now."
-        )
-    steps.append(PCR7_WARNING)
     return steps
+
+
+def kek_route(codes: set) -> List[str]:
+    """What brings the KEK 2K CA 2023 when no update from fwupd or --fix can."""
+    if "kek-2023-missing" not in codes:
+        return []
+    if "pk-unusable" in codes:
+        return [
+            "The KEK update must be signed by the platform key, and this machine's PK is "
+            "not a certificate the firmware can use: no signed KEK update can apply "
+            "(neither fwupd's nor --fix's). Install the maker's firmware (BIOS) update, or "
+            "clear the keys in the firmware setup and enrol a PK of your own, then KEK and "
+            "db (efitools)."
+        ]
+    if "kek-update-unpublished" in codes:
+        # Not when the defaults lack a 2023 certificate: another step warns against it.
+        restore = (
+            ""
+            if "defaults-lack-2023" in codes
+            else ", or restore factory keys if KEKDefault holds the KEK 2K CA 2023"
+        )
+        return [
+            "Microsoft publishes no KEK update signed by this machine's platform key, so "
+            "neither fwupd nor --fix can add the KEK 2K CA 2023: install the maker's "
+            f"firmware (BIOS) update{restore}; enrolling by hand is the last resort."
+        ]
+    if "kek-update-published" in codes:
+        return []  # fwupd or --fix above applies it
+    return [
+        "The KEK update must be signed by the machine maker's platform key: "
+        "if LVFS offers none for this machine, install the maker's firmware "
+        "(BIOS) update; enrolling by hand (efitools) is the last resort."
+    ]
 
 
 # --- verdict -----------------------------------------------------------------------------------
