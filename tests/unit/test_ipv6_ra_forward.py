@@ -1208,3 +1208,84 @@ def test_no_solicitation_while_the_link_local_address_is_tentative(tmp_path, cap
     (tmp_path / "proc/net/if_inet6").write_text(IF_INET6.format(flags="80"))
     assert not raf.link_local_tentative("br0", tmp_path)
     assert not raf.link_local_tentative("eth9", tmp_path)
+
+
+def _etc_and_sysctls(root):
+    """Every file under root/etc and root/proc/sys with its bytes, and every directory."""
+    found = {}
+    for top in ("etc", "proc/sys"):
+        for path in sorted((root / top).rglob("*")):
+            found[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+def test_refused_enable_with_forwarding_on_already_writes_nothing(tmp_path, monkeypatch, capsys):
+    # Forwarding on before enable (a router already, a container host): the refused uplink
+    # must not leave a drop-in holding only "all.forwarding = 1".
+    root = networkd_eth0(
+        tmp_path, monkeypatch, "[Match]\nName=eth0\n\n[Network]\nIPv6AcceptRA=no\n"
+    )
+    (root / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    before = _etc_and_sysctls(root)
+    assert raf.main(["enable", "eth0"]) == 1
+    assert "IPv6AcceptRA=yes" in capsys.readouterr().out
+    assert _etc_and_sysctls(root) == before
+
+
+def _refusal_root(tmp_path, case, forwarding):
+    """A fixture root for one refusal path of enable, and the command line that hits it."""
+    if case == "nm-method":
+        root = make_root(tmp_path, {"enp1s0": (forwarding, 0)}, forwarding, fixture="nm")
+        return root, ["enable", "enp1s0"], 1
+    if case in ("networkd-blocked", "networkd-blocked-two", "networkd-no-file"):
+        root = make_root(tmp_path, {"eth0": (forwarding, 0)}, forwarding, fixture="networkd-state")
+        if case != "networkd-no-file":
+            (root / "etc/systemd/network").mkdir(parents=True)
+            (root / "etc/systemd/network/50-eth0.network").write_text(
+                "[Match]\nName=eth0\n\n[Network]\nIPForward=ipv6\n"
+            )
+            dpkg_systemd(root, "252.39-1~deb12u1")
+            return root, ["enable", "eth0"], 1
+        return root, ["enable", "--networkd", "eth0"], 2
+    root = make_root(tmp_path, {"eth0": (forwarding, 1), "br0": (forwarding, 1)}, forwarding)
+    (root / "sys/class/net/br0/bridge").mkdir(parents=True)
+    (root / "sys/class/net/eth0").mkdir(parents=True)
+    (root / "sys/class/net/eth0/master").symlink_to("../br0")
+    (root / "etc/network").mkdir(parents=True)
+    (root / "etc/network/interfaces").write_text("iface br0 inet6 auto\n  bridge_ports eth0\n")
+    (root / "etc/default").mkdir(parents=True)
+    (root / "etc/default/ipv6-ra-forward").write_text('UPLINKS=""\n')
+    argv = {
+        "bridge-port": ["enable", "eth0"],
+        "bridge-port-last": ["enable", "br0", "eth0"],
+        "unknown": ["enable", "br0", "nosuch0"],
+        "bad-name": ["enable", "br0", "bad/name"],
+        "networkd-other": ["enable", "--networkd", "br0", "eth0"],
+    }[case]
+    return root, argv, 2
+
+
+@pytest.mark.parametrize("forwarding", [0, 1])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bridge-port",
+        "bridge-port-last",
+        "unknown",
+        "bad-name",
+        "networkd-other",
+        "nm-method",
+        "networkd-blocked",
+        "networkd-no-file",
+    ],
+)
+def test_every_refused_enable_writes_nothing(tmp_path, monkeypatch, capsys, case, forwarding):
+    """Each refusal of enable, with forwarding off or already on: no file under /etc and
+    no sysctl changed (issue 26: bookworm wrote its sysctl file)."""
+    root, argv, code = _refusal_root(tmp_path, case, forwarding)
+    monkeypatch.setattr(raf, "ROOT", root)
+    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    before = _etc_and_sysctls(root)
+    assert raf.main(argv) == code
+    capsys.readouterr()
+    assert _etc_and_sysctls(root) == before

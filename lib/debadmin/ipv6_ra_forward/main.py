@@ -518,6 +518,145 @@ def accepts_ra(accept_ra: int, forwarding: int) -> bool:
     return accept_ra == 2 if forwarding else accept_ra != 0
 
 
+@dataclass
+class StatusFacts:
+    """What status reads once for every interface: the global sysctls, what ip shows that
+    RAs left behind, and what keeps an uplink (the drop-in, UPLINKS)."""
+
+    root: Path
+    forwarding: int
+    default_accept_ra: int
+    addresses: Dict[str, List[str]]
+    routes: Dict[str, List[Dict[str, object]]]
+    routers: List[str]
+    persisted: set
+    config: Config
+    explicit: bool
+
+    def kept(self, name: str) -> bool:
+        """The drop-in or UPLINKS keeps name at accept_ra=2."""
+        return name in self.persisted or matches(self.config.uplinks, name)
+
+    def is_uplink(self, name: str) -> bool:
+        if self.explicit or self.kept(name):
+            return True
+        return name in self.routes or name in self.addresses or name in self.routers
+
+
+def manager_findings(facts: StatusFacts, name: str, owner: owners.Owner) -> List[Tuple[str, str]]:
+    """(code, message) for an uplink networkd or NetworkManager handles RAs of."""
+    root = facts.root
+    # networkd's verdict does not depend on the forwarding sysctl: its own settings
+    # (IPv6Forwarding=...) stop its RA client whatever the kernel forwards.
+    relevant = facts.forwarding or owner.name == owners.NETWORKD
+    if not relevant or manager_keeps_ra(root, owner):
+        return []
+    if owner.name == owners.NETWORKD:
+        _, why = owners.networkd_ra_verdict(
+            root, networkd_path(root, owner), owners.systemd_version(root)
+        )
+        return [
+            (
+                "networkd-ra",
+                f"systemd-networkd manages {name} and ignores its router "
+                f"advertisements ({why}, {owner.source}): enable --networkd gives it "
+                f"IPv6AcceptRA=yes and networkd's own forwarding",
+            )
+        ]
+    return [
+        (
+            "networkmanager-ra",
+            f"NetworkManager manages {name} with ipv6.method "
+            f"{owner.ipv6_method or 'unknown'} ({owner.source}), not auto: "
+            f"it does not learn the uplink from router advertisements",
+        )
+    ]
+
+
+def accept_ra_finding(
+    facts: StatusFacts, name: str, owner: owners.Owner, forwarding: int, accept_ra: int
+) -> Optional[Tuple[str, str]]:
+    """(code, message) when the kernel's accept_ra of an uplink is wrong or not kept."""
+    if accept_ra == 0:
+        return (
+            "ra-disabled",
+            f"{name} has accept_ra={accept_ra}: router advertisements are ignored",
+        )
+    if forwarding and accept_ra != 2:
+        if facts.routes.get(name):
+            return (
+                "ra-ignored",
+                f"forwarding is on and {name} has accept_ra={accept_ra}: its RA "
+                f"default route will be dropped",
+            )
+        return (
+            "ra-ignored",
+            f"forwarding is on and {name} has accept_ra={accept_ra}: router "
+            f"advertisements are ignored, it has no RA default route",
+        )
+    if (
+        accept_ra == 2
+        and forwarding
+        and not facts.kept(name)
+        and ifupdown_accept_ra(owner) != "2"  # ifupdown writes 2 itself at every ifup
+    ):
+        return (
+            "not-persisted",
+            f"{name} has accept_ra=2 but neither {facts.root / DROPIN} nor "
+            f"{facts.root / DEFAULTS_FILE} keeps it: a reboot or a new link brings back "
+            f"accept_ra={facts.default_accept_ra}",
+        )
+    return None
+
+
+def kernel_findings(
+    facts: StatusFacts, name: str, owner: owners.Owner, forwarding: int, accept_ra: int
+) -> List[Tuple[str, str]]:
+    """(code, message) for an uplink whose RAs the kernel handles."""
+    found = []
+    problem = accept_ra_finding(facts, name, owner, forwarding, accept_ra)
+    if problem:
+        found.append(problem)
+    if ifupdown_conflicts(owner):
+        found.append(
+            (
+                "ifupdown",
+                f"ifupdown sets accept_ra={ifupdown_accept_ra(owner)} on {name} at ifup "
+                f"({owner.source}): use accept_ra 2 in its inet6 stanza",
+            )
+        )
+    return found
+
+
+def status_entry(
+    facts: StatusFacts, name: str, owner: owners.Owner
+) -> Tuple[Dict[str, object], List[Dict[str, object]]]:
+    """The report's entry for one interface, and the findings about it."""
+    forwarding = read_sysctl(facts.root, name, "forwarding")
+    accept_ra = read_sysctl(facts.root, name, "accept_ra")
+    uplink = facts.is_uplink(name)
+    entry = {
+        "name": name,
+        "forwarding": bool(forwarding),
+        "accept_ra": accept_ra,
+        "accepts_ra": accepts_ra(accept_ra, forwarding),
+        "ra_addresses": facts.addresses.get(name, []),
+        "ra_default_routes": facts.routes.get(name, []),
+        "managed_by": owner.name,
+        "managed_by_source": owner.source,
+        "uplink": uplink,
+        "persisted": name in facts.persisted,
+        "router_seen": name in facts.routers,
+    }
+    if not uplink or name == "lo":
+        return entry, []
+    if owner.handles_ra_itself:
+        problems = manager_findings(facts, name, owner)
+    else:
+        problems = kernel_findings(facts, name, owner, forwarding, accept_ra)
+    return entry, [finding(code, "action", text, subject=name) for code, text in problems]
+
+
 def collect_status(
     root: Path,
     names: List[str],
@@ -528,113 +667,29 @@ def collect_status(
     persisted: Optional[Persisted],
 ) -> Dict[str, object]:
     """The report of 'status' (also its --json document)."""
-    global_forwarding = read_sysctl(root, "all", "forwarding")
-    default_accept_ra = read_sysctl(root, "default", "accept_ra")
     names_seen = names or ipv6_interfaces(root)
     owned = {n: owners.detect(root, n) for n in names_seen}
     user_space = [n for n, owner in owned.items() if owner.handles_ra_itself]
-    addresses, routes = ra_addresses(addr_json, user_space), ra_routes(route_json)
-    routers = router_links(neigh_json)
-    persisted_uplinks = set(persisted.all_uplinks) if persisted else set()
-    explicit = bool(names)
+    facts = StatusFacts(
+        root,
+        read_sysctl(root, "all", "forwarding"),
+        read_sysctl(root, "default", "accept_ra"),
+        ra_addresses(addr_json, user_space),
+        ra_routes(route_json),
+        router_links(neigh_json),
+        set(persisted.all_uplinks) if persisted else set(),
+        config,
+        bool(names),
+    )
     interfaces: List[Dict[str, object]] = []
     findings: List[Dict[str, object]] = []
     for name in names_seen:
-        forwarding = read_sysctl(root, name, "forwarding")
-        accept_ra = read_sysctl(root, name, "accept_ra")
-        owner = owned[name]
-        uplink = (
-            explicit
-            or name in persisted_uplinks
-            or matches(config.uplinks, name)
-            or name in routes
-            or name in addresses
-            or name in routers
-        )
-        entry = {
-            "name": name,
-            "forwarding": bool(forwarding),
-            "accept_ra": accept_ra,
-            "accepts_ra": accepts_ra(accept_ra, forwarding),
-            "ra_addresses": addresses.get(name, []),
-            "ra_default_routes": routes.get(name, []),
-            "managed_by": owner.name,
-            "managed_by_source": owner.source,
-            "uplink": uplink,
-            "persisted": name in persisted_uplinks,
-            "router_seen": name in routers,
-        }
+        entry, found = status_entry(facts, name, owned[name])
         interfaces.append(entry)
-        if not uplink or name == "lo":
-            continue
-
-        def problem(code: str, message: str, name: str = name) -> None:
-            findings.append(finding(code, "action", message, subject=name))
-
-        if owner.handles_ra_itself:
-            # networkd's verdict does not depend on the forwarding sysctl: its own settings
-            # (IPv6Forwarding=...) stop its RA client whatever the kernel forwards.
-            relevant = global_forwarding or owner.name == owners.NETWORKD
-            if relevant and not manager_keeps_ra(root, owner):
-                if owner.name == owners.NETWORKD:
-                    _, why = owners.networkd_ra_verdict(
-                        root, networkd_path(root, owner), owners.systemd_version(root)
-                    )
-                    problem(
-                        "networkd-ra",
-                        f"systemd-networkd manages {name} and ignores its router "
-                        f"advertisements ({why}, {owner.source}): enable --networkd gives it "
-                        f"IPv6AcceptRA=yes and networkd's own forwarding",
-                    )
-                else:
-                    problem(
-                        "networkmanager-ra",
-                        f"NetworkManager manages {name} with ipv6.method "
-                        f"{owner.ipv6_method or 'unknown'} ({owner.source}), not auto: "
-                        f"it does not learn the uplink from router advertisements",
-                    )
-            continue
-        ifupdown_value = ifupdown_accept_ra(owner)
-        if accept_ra == 0:
-            problem(
-                "ra-disabled",
-                f"{name} has accept_ra={accept_ra}: router advertisements " f"are ignored",
-            )
-        elif forwarding and accept_ra != 2:
-            if routes.get(name):
-                problem(
-                    "ra-ignored",
-                    f"forwarding is on and {name} has accept_ra={accept_ra}: its RA "
-                    f"default route will be dropped",
-                )
-            else:
-                problem(
-                    "ra-ignored",
-                    f"forwarding is on and {name} has accept_ra={accept_ra}: router "
-                    f"advertisements are ignored, it has no RA default route",
-                )
-        elif (
-            accept_ra == 2
-            and forwarding
-            and name not in persisted_uplinks
-            and not matches(config.uplinks, name)
-            and ifupdown_value != "2"  # ifupdown writes 2 itself at every ifup
-        ):
-            problem(
-                "not-persisted",
-                f"{name} has accept_ra=2 but neither {root / DROPIN} nor "
-                f"{root / DEFAULTS_FILE} keeps it: a reboot or a new link brings back "
-                f"accept_ra={default_accept_ra}",
-            )
-        if ifupdown_conflicts(owner):
-            problem(
-                "ifupdown",
-                f"ifupdown sets accept_ra={ifupdown_value} on {name} at ifup "
-                f"({owner.source}): use accept_ra 2 in its inet6 stanza",
-            )
+        findings.extend(found)
     return {
-        "forwarding": bool(global_forwarding),
-        "default_accept_ra": default_accept_ra,
+        "forwarding": bool(facts.forwarding),
+        "default_accept_ra": facts.default_accept_ra,
         "dropin": str(root / DROPIN) if persisted else None,
         "interfaces": interfaces,
         "findings": findings,
@@ -872,6 +927,12 @@ def networkd_native_step(root: Path, owner: owners.Owner, ifname: str) -> Option
     """
     path = networkd_path(root, owner)
     dropin = networkd_dropin(root, owner)
+    if path is not None and dropin is not None and not path.is_file():
+        # networkd's state names a file that has gone since: a drop-in would extend nothing.
+        raise Error(
+            f"systemd-networkd manages {ifname} with {owner.source}, which no longer exists:"
+            f" --networkd needs a .network file to extend ('networkctl reload' first)"
+        )
     if path is None or dropin is None:
         raise Error(
             f"systemd-networkd manages {ifname} but no .network file matches it"
@@ -905,6 +966,89 @@ def networkd_reload_step(root: Path) -> Step:
     return Step("run networkctl reload", action)
 
 
+@dataclass
+class EnablePlan:
+    """What plan_enable gathers, uplink by uplink, before it orders the steps."""
+
+    state: Persisted
+    steps: List[Step] = field(default_factory=list)  # the sysctls, in their order
+    networkd_steps: List[Step] = field(default_factory=list)
+    snippets: List[str] = field(default_factory=list)
+    solicit_on: List[str] = field(default_factory=list)
+    kernel_uplinks: List[str] = field(default_factory=list)
+    blocked: bool = False  # an uplink's manager needs configuration first
+    accepted: List[str] = field(default_factory=list)
+
+    def accept(self, name: str) -> None:
+        """name is enabled (again): the watcher may keep it again."""
+        self.accepted.append(name)
+        if name in self.state.held:
+            self.state.held.remove(name)
+
+
+def plan_managed_uplink(
+    plan: EnablePlan, root: Path, owner: owners.Owner, name: str, networkd: bool
+) -> None:
+    """An uplink networkd or NetworkManager handles RAs of: networkd's own configuration
+    (--networkd), recorded when the manager keeps RAs with forwarding on, else refused with
+    the configuration it needs."""
+    if networkd and owner.name == owners.NETWORKD:
+        step = networkd_native_step(root, owner, name)
+        if step is not None:
+            plan.networkd_steps.append(step)
+            plan.state.managed[name] = owner.name
+            plan.accept(name)
+            return
+    if not manager_keeps_ra(root, owner):
+        plan.snippets.append(snippet(owner, name, root))
+        plan.blocked = True
+        return
+    # Recorded like any other uplink: disable must know it is still enabled.
+    plan.state.managed[name] = owner.name
+    plan.accept(name)
+
+
+def plan_kernel_uplink(plan: EnablePlan, root: Path, owner: owners.Owner, name: str) -> None:
+    """An uplink whose RAs the kernel handles (ifupdown's or nobody's): accept_ra=2."""
+    state = plan.state
+    plan.accept(name)
+    if ifupdown_conflicts(owner):
+        plan.snippets.append(snippet(owner, name, root))
+    plan.kernel_uplinks.append(name)
+    current = read_sysctl(root, name, "accept_ra")
+    if current != 2 or name not in state.uplinks:
+        # Recorded even when it is 2 already (ifupdown's inet6 auto sets 2): disable
+        # then leaves 2 in place instead of lowering it while forwarding stays on.
+        state.saved_accept_ra.setdefault(name, current)
+    if current != 2:
+        plan.steps.append(sysctl_step(root, name, "accept_ra", 2, current))
+        plan.solicit_on.append(name)
+    if name not in state.uplinks:
+        state.uplinks.append(name)
+
+
+def plan_forwarding(plan: EnablePlan, root: Path, uplinks: List[str]) -> None:
+    """all.forwarding=1, unless an uplink's manager would lose the route with it."""
+    state = plan.state
+    current = read_sysctl(root, "all", "forwarding")
+    if current == 1:
+        # Nothing to turn on; recorded when an uplink is enabled (a refused enable
+        # writes no drop-in that holds forwarding alone).
+        state.forwarding = state.forwarding or bool(plan.accepted)
+    elif plan.blocked:
+        # Forwarding now would cost those uplinks their route: the manager comes first.
+        plan.snippets.append(
+            "# IPv6 forwarding left off: apply the configuration above, then run\n"
+            f"# ipv6-ra-forward enable {' '.join(uplinks)}\n"
+        )
+    else:
+        plan.steps.append(sysctl_step(root, "all", "forwarding", 1, current))
+        plan.solicit_on = list(plan.kernel_uplinks)
+        if state.saved_forwarding is None:
+            state.saved_forwarding = current
+        state.forwarding = True
+
+
 def plan_enable(
     root: Path,
     uplinks: List[str],
@@ -916,76 +1060,33 @@ def plan_enable(
 
     With networkd, a link that systemd-networkd manages gets networkd's own configuration
     (a drop-in with IPv6AcceptRA=yes and its forwarding setting) instead of advice.
+    Everything is read and checked here; nothing is written until the steps run.
     """
-    steps: List[Step] = []
-    networkd_steps: List[Step] = []
-    snippets: List[str] = []
-    solicit_on: List[str] = []
     previous = read_dropin(root) if persist else None
-    state = (previous or Persisted()).copy()
-    kernel_uplinks = []
-    blocked = False
+    plan = EnablePlan((previous or Persisted()).copy())
     for name in uplinks:
-        if name in state.held:
-            state.held.remove(name)  # enabled again: the watcher may keep it again
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
-            if networkd and owner.name == owners.NETWORKD:
-                step = networkd_native_step(root, owner, name)
-                if step is not None:
-                    networkd_steps.append(step)
-                    state.managed[name] = owner.name
-                    continue
-            if not manager_keeps_ra(root, owner):
-                snippets.append(snippet(owner, name, root))
-                blocked = True
-            else:
-                # Recorded like any other uplink: disable must know it is still enabled.
-                state.managed[name] = owner.name
-            continue
-        if ifupdown_conflicts(owner):
-            snippets.append(snippet(owner, name, root))
-        kernel_uplinks.append(name)
-        current = read_sysctl(root, name, "accept_ra")
-        if current != 2 or name not in state.uplinks:
-            # Recorded even when it is 2 already (ifupdown's inet6 auto sets 2): disable
-            # then leaves 2 in place instead of lowering it while forwarding stays on.
-            state.saved_accept_ra.setdefault(name, current)
-        if current != 2:
-            steps.append(sysctl_step(root, name, "accept_ra", 2, current))
-            solicit_on.append(name)
-        if name not in state.uplinks:
-            state.uplinks.append(name)
-    current_forwarding = read_sysctl(root, "all", "forwarding")
-    if forwarding and blocked and current_forwarding != 1:
-        # Forwarding now would cost those uplinks their route: the manager comes first.
-        snippets.append(
-            "# IPv6 forwarding left off: apply the configuration above, then run\n"
-            f"# ipv6-ra-forward enable {' '.join(uplinks)}\n"
-        )
-    elif forwarding:
-        if current_forwarding != 1:
-            steps.append(sysctl_step(root, "all", "forwarding", 1, current_forwarding))
-            solicit_on = list(kernel_uplinks)
-            if state.saved_forwarding is None:
-                state.saved_forwarding = current_forwarding
-        state.forwarding = True
-    if persist and not state.empty:
+            plan_managed_uplink(plan, root, owner, name, networkd)
+        else:
+            plan_kernel_uplink(plan, root, owner, name)
+    if forwarding:
+        plan_forwarding(plan, root, uplinks)
+    steps = plan.steps
+    writes: List[Step] = []
+    text = plan.state.render()
+    if persist and not plan.state.empty and (previous is None or previous.render() != text):
         # An empty state (every uplink refused) writes nothing, not a header-only file.
-        text = state.render()
-        if previous is None or previous.render() != text:
-            # First: where /etc cannot be written, the running system stays untouched too;
-            # where a sysctl write fails later, _run_steps puts the old file back.
-            steps.insert(0, dropin_step(root, text))
-    if networkd_steps:
+        # First: where /etc cannot be written, the running system stays untouched too;
+        # where a sysctl write fails later, _run_steps puts the old file back.
+        writes.append(dropin_step(root, text))
+    if plan.networkd_steps:
         # networkd's configuration before any sysctl: a failure leaves the system as it was.
-        networkd_steps.append(networkd_reload_step(root))
-        steps[
-            1 if persist and steps and steps[0].text.startswith("write ") else 0 : 0
-        ] = networkd_steps
-    for name in solicit_on:
+        writes.extend([*plan.networkd_steps, networkd_reload_step(root)])
+    steps = writes + steps
+    for name in plan.solicit_on:
         steps.append(solicit_step(name, root))
-    return steps, solicit_on, snippets
+    return steps, plan.solicit_on, plan.snippets
 
 
 def cmd_enable(args: argparse.Namespace) -> int:
@@ -1067,15 +1168,99 @@ def reapply_note(root: Path, ifname: str, persist: bool) -> str:
     return prefix + "nothing: --no-persist changed the running system only"
 
 
-def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[Step], List[str]]:
-    """The steps of disable, and notes on what it leaves alone."""
+def disable_target(
+    name: str, state: Persisted, owner: owners.Owner, default_accept_ra: int
+) -> Optional[int]:
+    """The accept_ra disable gives an uplink back, or None when it leaves it alone."""
+    if name in state.saved_accept_ra:
+        return state.saved_accept_ra[name]
+    if owner.handles_ra_itself:
+        log.info("%s is managed by its network manager: accept_ra left alone", name)
+        return None
+    if name in state.uplinks:
+        # Named without a saved value (written by an earlier version, which recorded
+        # none when accept_ra was 2 already): 2 is what enable found.
+        return None
+    return default_accept_ra if default_accept_ra != 2 else 1
+
+
+def plan_disable_uplinks(
+    root: Path, uplinks: List[str], state: Persisted
+) -> Tuple[List[Step], List[Step], List[str]]:
+    """Per uplink: the accept_ra steps, the removals of networkd drop-ins, and notes."""
     steps: List[Step] = []
     networkd_steps: List[Step] = []
     notes: List[str] = []
+    default_accept_ra = read_sysctl(root, "default", "accept_ra")
+    for name in uplinks:
+        if not sysctl_path(root, name, "accept_ra").exists():
+            notes.append(f"skipped: restore accept_ra on {name}: the interface is not present")
+            continue
+        owner = owners.detect(root, name)
+        dropin = networkd_dropin(root, owner)
+        if dropin is not None and dropin.exists():
+            networkd_steps.append(file_removal_step(dropin, remove_empty_parent=True))
+        target = disable_target(name, state, owner, default_accept_ra)
+        if target is None:
+            continue
+        current = read_sysctl(root, name, "accept_ra")
+        if current != target:
+            steps.append(sysctl_step(root, name, "accept_ra", target, current))
+    return steps, networkd_steps, notes
+
+
+def held_after_disable(
+    root: Path, state: Persisted, uplinks: List[str], persist: bool, notes: List[str]
+) -> List[str]:
+    """The uplinks to record as held: UPLINKS of the watcher matches them.
+
+    The watcher would raise accept_ra again at once. Recorded as held in the drop-in,
+    which the watcher reads at each event, an uplink is left alone until 'enable' names
+    it again.
+    """
+    try:
+        patterns = read_config(root).uplinks
+    except Error:
+        patterns = []
+    matched = [n for n in uplinks if matches(patterns, n)]
+    if not persist and matched:
+        notes.append(
+            f"note: UPLINKS in /{DEFAULTS_FILE} matches "
+            + " ".join(matched)
+            + ": with --no-persist nothing stops ipv6-ra-forward.service raising it again"
+        )
+    # No longer matched: nothing to hold.
+    return [n for n in sorted(set(state.held) | set(matched)) if matches(patterns, n)]
+
+
+def disable_dropin_step(
+    root: Path, previous: Optional[Persisted], remaining: List[str], held: List[str]
+) -> Optional[Step]:
+    """The drop-in without the disabled uplinks (removed when nothing is left), or None."""
+    if previous is None and not held:
+        return None
+    base = previous or Persisted()
+    new = Persisted(
+        [n for n in base.uplinks if n in remaining],
+        base.forwarding and bool(remaining),
+        {k: v for k, v in base.saved_accept_ra.items() if k in remaining},
+        base.saved_forwarding if remaining else None,
+        {k: v for k, v in base.managed.items() if k in remaining},
+        held,
+    )
+    if new.empty:
+        return dropin_step(root, None) if previous is not None else None
+    if previous is None or new.render() != previous.render():
+        return dropin_step(root, new.render())
+    return None
+
+
+def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[Step], List[str]]:
+    """The steps of disable, and notes on what it leaves alone."""
+    steps: List[Step] = []
     # Read with --no-persist too: the recorded values are what the running system gets back.
     previous = read_dropin(root)
     state = previous or Persisted()
-    default_accept_ra = read_sysctl(root, "default", "accept_ra")
     # Every uplink enable recorded counts, also those networkd or NetworkManager handle.
     remaining = [n for n in state.all_uplinks if n not in uplinks]
     if (
@@ -1085,58 +1270,12 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
         and read_sysctl(root, "all", "forwarding") == 1
     ):
         steps.append(sysctl_step(root, "all", "forwarding", 0, 1, "enable turned it on"))
-    for name in uplinks:
-        if not sysctl_path(root, name, "accept_ra").exists():
-            notes.append(f"skipped: restore accept_ra on {name}: the interface is not present")
-            continue
-        owner = owners.detect(root, name)
-        dropin = networkd_dropin(root, owner)
-        if dropin is not None and dropin.exists():
-            networkd_steps.append(file_removal_step(dropin, remove_empty_parent=True))
-        if name not in state.saved_accept_ra and owner.handles_ra_itself:
-            log.info("%s is managed by its network manager: accept_ra left alone", name)
-            continue
-        if name in state.saved_accept_ra:
-            target = state.saved_accept_ra[name]
-        elif name in state.uplinks:
-            # Named without a saved value (written by an earlier version, which recorded
-            # none when accept_ra was 2 already): 2 is what enable found.
-            continue
-        else:
-            target = default_accept_ra if default_accept_ra != 2 else 1
-        current = read_sysctl(root, name, "accept_ra")
-        if current != target:
-            steps.append(sysctl_step(root, name, "accept_ra", target, current))
-    # The watcher's UPLINKS may match an uplink disabled here: it would raise accept_ra
-    # again at once. Recorded as held in the drop-in, which the watcher reads at each
-    # event, it is left alone until 'enable' names it again.
-    try:
-        patterns = read_config(root).uplinks
-    except Error:
-        patterns = []
-    held = sorted(set(state.held) | {n for n in uplinks if matches(patterns, n)})
-    held = [n for n in held if matches(patterns, n)]  # no longer matched: nothing to hold
-    if not persist and any(matches(patterns, n) for n in uplinks):
-        notes.append(
-            f"note: UPLINKS in /{DEFAULTS_FILE} matches "
-            + " ".join(n for n in uplinks if matches(patterns, n))
-            + ": with --no-persist nothing stops ipv6-ra-forward.service raising it again"
-        )
-    if persist and (previous is not None or held):
-        base = previous or Persisted()
-        new = Persisted(
-            [n for n in base.uplinks if n in remaining],
-            base.forwarding and bool(remaining),
-            {k: v for k, v in base.saved_accept_ra.items() if k in remaining},
-            base.saved_forwarding if remaining else None,
-            {k: v for k, v in base.managed.items() if k in remaining},
-            held,
-        )
-        if new.empty:
-            if previous is not None:
-                steps.insert(0, dropin_step(root, None))
-        elif previous is None or new.render() != previous.render():
-            steps.insert(0, dropin_step(root, new.render()))
+    uplink_steps, networkd_steps, notes = plan_disable_uplinks(root, uplinks, state)
+    steps.extend(uplink_steps)
+    held = held_after_disable(root, state, uplinks, persist, notes)
+    dropin = disable_dropin_step(root, previous, remaining, held) if persist else None
+    if dropin is not None:
+        steps.insert(0, dropin)
     if networkd_steps and persist:
         steps.extend([*networkd_steps, networkd_reload_step(root)])
     return steps, notes
