@@ -2132,7 +2132,7 @@ def test_efivars_dir_that_is_no_dump_is_an_error(tmp_path, capsys):
     (other / "notes.txt").write_text("hello")
     (other / f"db-{efi.IMAGE_SECURITY_GUID}").mkdir()  # a directory is no variable
     for directory in (empty, other):
-        for extra in ([], ["--json"], ["--quiet"]):
+        for extra in ([], ["--json"], ["--quiet"], ["--fix", "--dry-run"]):
             rc, out, err = run(capsys, "--efivars", str(directory), *extra)
             assert rc == 2 and out == "" and err.count("\n") == 1, (directory, extra)
             assert "not an efivarfs dump" in err and "error:" in err

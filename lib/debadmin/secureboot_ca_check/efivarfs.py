@@ -728,6 +728,8 @@ def firmware_directory(args) -> Path:
             f"{directory} does not exist: this system did not boot with UEFI "
             "(or efivarfs is not mounted)"
         )
+    if dump:
+        efi.check_efivars_dump(directory)
     return directory
 
 
