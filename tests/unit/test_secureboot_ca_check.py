@@ -526,13 +526,19 @@ def test_real_shim_signatures():
     assert "uefi_ca_2011" in cas[0] and "uefi_ca_2023" in cas[1]
 
 
-@needs_shim
-def test_real_shim_acceptance(tmp_path, capsys):
-    efivars = write_efivars(tmp_path / "ms", ms_variables())
+def real_shim_report(capsys, tmp_path, name, **variables):
+    """The exit status, the shim's entry and the findings of a check of the real shim
+    against ms_variables(**variables)."""
+    efivars = write_efivars(tmp_path / name, ms_variables(**variables))
     rc, doc = run_json(
         capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
     )
-    shim = doc["reports"][0]["shims"][0]
+    return rc, doc["reports"][0]["shims"][0], doc["reports"][0]["findings"]
+
+
+@needs_shim
+def test_real_shim_acceptance(tmp_path, capsys):
+    rc, shim, found = real_shim_report(capsys, tmp_path, "ms")
     assert shim["accepted"]
     assert set(shim) == {
         "path",
@@ -546,46 +552,42 @@ def test_real_shim_acceptance(tmp_path, capsys):
     assert shim["signatures"][0]["chains_to_db_sha256"] == [UEFI_CA_2011]
     assert shim["signatures"][0]["digest_algorithm"] == "sha256"
     assert shim["signatures"][1]["chains_to_db"] == []
-    codes = {f["code"] for f in doc["reports"][0]["findings"]}
-    assert "shim-2011-only" in codes
+    assert "shim-2011-only" in {f["code"] for f in found}
+
+
+@needs_shim
+def test_real_shim_accepted_by_the_2023_ca_alone(tmp_path, capsys):
     # Only UEFI CA 2023 in db: the 2023 signature carries it.
     db = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
-    efivars = write_efivars(tmp_path / "new", ms_variables(db=db))
-    rc, doc = run_json(
-        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
-    )
-    shim = doc["reports"][0]["shims"][0]
+    rc, shim, found = real_shim_report(capsys, tmp_path, "new", db=db)
     assert shim["accepted"]
     assert shim["signatures"][1]["chains_to_db"] == ["Microsoft UEFI CA 2023"]
-    assert "shim-2011-only" not in {f["code"] for f in doc["reports"][0]["findings"]}
+    assert "shim-2011-only" not in {f["code"] for f in found}
+
+
+@needs_shim
+def test_real_shim_refused_when_dbx_revokes_one_signer(tmp_path, capsys):
     # ... and the 2011 CA revoked in dbx: edk2 refuses an image when any of its signatures
     # is forbidden by dbx, whatever the others say (DxeImageVerificationHandler breaks out of
     # its loop), and shim-signed's preinst refuses to install.
+    db = cert_esl(real_cert("microsoft-uefi-ca-2023.der"))
     dbx = cert_esl(real_cert("microsoft-uefi-ca-2011.der"))
-    efivars = write_efivars(tmp_path / "new-revoked", ms_variables(db=db, dbx=dbx))
-    rc, doc = run_json(
-        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
-    )
-    shim = doc["reports"][0]["shims"][0]
+    rc, shim, found = real_shim_report(capsys, tmp_path, "new-revoked", db=db, dbx=dbx)
     assert rc == 1 and not shim["accepted"]
     assert shim["signatures"][0]["revoked_by_dbx"] == ["Microsoft Corporation UEFI CA 2011"]
     assert shim["signatures"][1]["chains_to_db"] == ["Microsoft UEFI CA 2023"]
     assert shim["signatures"][1]["accepted"]
-    refused = [f for f in doc["reports"][0]["findings"] if f["code"] == "shim-not-accepted"]
+    refused = [f for f in found if f["code"] == "shim-not-accepted"]
     assert refused and "dbx revokes Microsoft Corporation UEFI CA 2011" in refused[0]["message"]
+
+
+@needs_shim
+def test_real_shim_refused_when_dbx_holds_its_hash(tmp_path, capsys):
     # The image's own hash in dbx: refused, whatever signs it.
-    image_hash = bytes.fromhex(efi.read_pe(SHIM).sha256)
-    dbx = esl(SHA256_TYPE, [image_hash])
-    efivars = write_efivars(tmp_path / "revoked", ms_variables(dbx=dbx))
-    rc, doc = run_json(
-        capsys, "--efivars", str(efivars), "--root", str(tmp_path), "--shim", str(SHIM)
-    )
-    shim = doc["reports"][0]["shims"][0]
+    dbx = esl(SHA256_TYPE, [bytes.fromhex(efi.read_pe(SHIM).sha256)])
+    rc, shim, found = real_shim_report(capsys, tmp_path, "revoked", dbx=dbx)
     assert rc == 1 and not shim["accepted"] and shim["hash_in_dbx"]
-    assert any(
-        f["code"] == "shim-not-accepted" and f["severity"] == "action"
-        for f in doc["reports"][0]["findings"]
-    )
+    assert any(f["code"] == "shim-not-accepted" and f["severity"] == "action" for f in found)
 
 
 @needs_shim
@@ -2197,41 +2199,52 @@ def step_findings(flags: dict) -> list:
     return found
 
 
+def step_flag_combinations():
+    """Every combination of the findings the advice reads where something needs action."""
+    from itertools import product
+
+    names = ("kek-2023-missing", "db-uefi-ca-2023-missing", "pk-unusable")
+    names += ("offline-fix-available", "db-update-signable", "defaults")
+    for values in product((False, True), repeat=len(names)):
+        for kek, fwupd in product(KEK_CODES, FWUPD_CODES):
+            flags = dict(zip(names, values), kek=kek, fwupd=fwupd)
+            if flags["kek-2023-missing"] or flags["db-uefi-ca-2023-missing"]:
+                yield flags
+
+
+def assert_one_route(steps, flags):
+    """fwupd runs once where it can update something, never for a blocked KEK alone."""
+    text = "\n".join(steps)
+    run_fwupd = [s for s in steps if "fwupdmgr update" in s]
+    kek_blocked = flags["kek-2023-missing"] and (
+        flags["pk-unusable"] or flags["kek"] == "kek-update-unpublished"
+    )
+    if kek_blocked:
+        assert "UEFI Key Exchange Key" not in text, flags
+        routes = [s for s in steps if "maker's firmware (BIOS) update" in s]
+        assert len(routes) == 1, flags
+    db_by_fwupd = flags["db-uefi-ca-2023-missing"] and flags["db-update-signable"]
+    assert len(run_fwupd) == (0 if kek_blocked and not db_by_fwupd else 1), flags
+    if not run_fwupd:  # no fwupd to install for nothing
+        assert "apt install fwupd" not in text, flags
+    if run_fwupd and flags["offline-fix-available"]:
+        assert run_fwupd[0].startswith("Or, online:"), flags
+    assert not ("can be applied now" in text and not db_by_fwupd), flags
+
+
 def test_next_steps_never_contradict_each_other():
     """Every combination of the findings the advice reads (issue 26 item 4): one route
     for KEK, fwupd only for what it can update, and never 'restore factory keys' beside
     'do not restore factory keys'."""
-    from itertools import product
-
     from debadmin.secureboot_ca_check import rules
 
-    names = ("kek-2023-missing", "db-uefi-ca-2023-missing", "pk-unusable")
-    names += ("offline-fix-available", "db-update-signable", "defaults")
     checked = 0
-    for values in product((False, True), repeat=len(names)):
-        for kek, fwupd in product(KEK_CODES, FWUPD_CODES):
-            flags = dict(zip(names, values), kek=kek, fwupd=fwupd)
-            if not (flags["kek-2023-missing"] or flags["db-uefi-ca-2023-missing"]):
-                continue
-            steps = rules.next_steps(step_findings(flags), "efivars")
-            text = "\n".join(steps)
-            run_fwupd = [s for s in steps if "fwupdmgr update" in s]
-            kek_blocked = flags["kek-2023-missing"] and (
-                flags["pk-unusable"] or kek == "kek-update-unpublished"
-            )
-            if kek_blocked:
-                assert "UEFI Key Exchange Key" not in text, flags
-                routes = [s for s in steps if "maker's firmware (BIOS) update" in s]
-                assert len(routes) == 1, flags
-            db_by_fwupd = flags["db-uefi-ca-2023-missing"] and flags["db-update-signable"]
-            assert len(run_fwupd) == (0 if kek_blocked and not db_by_fwupd else 1), flags
-            if not run_fwupd:  # no fwupd to install for nothing
-                assert "apt install fwupd" not in text, flags
-            if run_fwupd and flags["offline-fix-available"]:
-                assert run_fwupd[0].startswith("Or, online:"), flags
-            if "Do not use 'restore factory keys'" in text:
-                assert "or restore factory keys" not in text, flags
-            assert not ("can be applied now" in text and not db_by_fwupd), flags
-            assert rules.PCR7_WARNING in steps and text.count("PCR 7") == 1, flags
-            checked += 1
+    for flags in step_flag_combinations():
+        steps = rules.next_steps(step_findings(flags), "efivars")
+        text = "\n".join(steps)
+        assert_one_route(steps, flags)
+        if "Do not use 'restore factory keys'" in text:
+            assert "or restore factory keys" not in text, flags
+        assert rules.PCR7_WARNING in steps and text.count("PCR 7") == 1, flags
+        checked += 1
     assert checked == 3 * 2**4 * 9

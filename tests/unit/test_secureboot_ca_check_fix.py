@@ -201,20 +201,9 @@ def test_targets_are_the_known_cas():
         assert checks.KNOWN_CAS[sha256] == (ca_id, name, home)
 
 
-def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
-    path = tmp_path / "VARS.fd"
-    original = make_store(ms_variables())
-    path.write_bytes(original)
-    os.chmod(path, 0o600)
-    rc, out, err = run(
-        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
-    )
-    assert rc == 0 and err == "", err
-    assert "added Microsoft UEFI CA 2023 to db" in out
-    new = path.read_bytes()
-    assert len(new) == len(original) and os.stat(path).st_mode & 0o777 == 0o600
-    (backup,) = backups(path)
-    assert backup.read_bytes() == original and os.stat(backup).st_mode & 0o777 == 0o600
+def assert_appended_as_edk2(original, new):
+    """KEK and db rewritten as edk2's variable driver does: the old ones deleted in place,
+    the new ones added after the last variable, nothing else in the volume touched."""
     # Header, FV checksum, FTW block and the rest of the volume untouched.
     assert new[:FIRST_VAR] == original[:FIRST_VAR]
     assert new[0x40000:] == original[0x40000:]
@@ -232,6 +221,10 @@ def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
         assert header[:5] == (0x55AA, 0x3F, 0, 0x27, 7) and header[5] == STAMP
         assert header[6] == 0
     assert new[db.end : 0x40000].strip(b"\xff") == b""
+
+
+def assert_certs_appended(new, fake_cas):
+    """The 2023 CAs at the end of KEK and db, owned by Microsoft, the old db kept."""
     variables = efi.parse_varstore(new, "new")
     kek_certs = [e.cert for e in efi.parse_signature_lists(variables["KEK"].data, "KEK")]
     db_entries = efi.parse_signature_lists(variables["db"].data, "db")
@@ -242,6 +235,24 @@ def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
     ]
     assert all(e.owner == efi.MICROSOFT_OWNER for e in db_entries[-3:])
     assert variables["db"].data.startswith((REAL / "ovmf-ms-db.esl").read_bytes())
+
+
+def test_fix_appends_as_edk2_does(tmp_path, capsys, fakes, fake_cas):
+    path = tmp_path / "VARS.fd"
+    original = make_store(ms_variables())
+    path.write_bytes(original)
+    os.chmod(path, 0o600)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and err == "", err
+    assert "added Microsoft UEFI CA 2023 to db" in out
+    new = path.read_bytes()
+    assert len(new) == len(original) and os.stat(path).st_mode & 0o777 == 0o600
+    (backup,) = backups(path)
+    assert backup.read_bytes() == original and os.stat(backup).st_mode & 0o777 == 0o600
+    assert_appended_as_edk2(original, new)
+    assert_certs_appended(new, fake_cas)
     # Idempotent: a second run changes nothing and writes no backup.
     rc, out, _ = run(
         capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
