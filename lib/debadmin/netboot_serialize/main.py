@@ -77,47 +77,14 @@ NO_MENU_OTHER = (
 )
 
 
-def not_a_tree(names: List[str]) -> str:
-    """Why names are not one installer netboot tree, saying what to give instead."""
-    menus = sorted(
-        {
-            m.group(1)
-            for m in (
-                re.fullmatch(
-                    r"(.+)/debian-installer/[a-z0-9]+/(?:boot-screens/syslinux|grub/grub)\.cfg",
-                    n,
-                )
-                for n in names
-            )
-            if m
-        }
-    )
-    if menus:
-        where = " and ".join(f"{p}/" for p in menus)
-        return (
-            f"the netboot {'trees are' if len(menus) > 1 else 'tree is'} in {where} below "
-            f"SOURCE, not at its top: give {' or '.join(f'SOURCE/{p}' for p in menus)}"
-        )
-    bare = sorted(
-        {
-            m.group(1)
-            for m in (
-                re.fullmatch(
-                    r"(?:.+/)?debian-installer/([a-z0-9]+)/(?:initrd\.gz|.*/initrd\.gz)", n
-                )
-                for n in names
-            )
-            if m
-        }
-    )
-    if bare:
-        arch = bare[0]
-        return (
-            f"the {', '.join(bare)} netboot tree has no boot menu (no syslinux or GRUB "
-            f"configuration), so there is nothing here to serialize: "
-            + NO_MENU.get(arch, NO_MENU_OTHER)
-        )
-    kernels = sorted(
+def _first_groups(pattern: str, names: List[str]) -> List[str]:
+    """The sorted distinct first groups of pattern matching whole names."""
+    return sorted({m.group(1) for m in (re.fullmatch(pattern, n) for n in names) if m})
+
+
+def _loader_kernel_dirs(names: List[str]) -> List[str]:
+    """Directories holding an initrd and a kernel beside it (for a firmware's loader)."""
+    return sorted(
         {
             posixpath.dirname(n) or "."
             for n in names
@@ -130,6 +97,30 @@ def not_a_tree(names: List[str]) -> str:
             )
         }
     )
+
+
+def not_a_tree(names: List[str]) -> str:
+    """Why names are not one installer netboot tree, saying what to give instead."""
+    menus = _first_groups(
+        r"(.+)/debian-installer/[a-z0-9]+/(?:boot-screens/syslinux|grub/grub)\.cfg", names
+    )
+    if menus:
+        where = " and ".join(f"{p}/" for p in menus)
+        return (
+            f"the netboot {'trees are' if len(menus) > 1 else 'tree is'} in {where} below "
+            f"SOURCE, not at its top: give {' or '.join(f'SOURCE/{p}' for p in menus)}"
+        )
+    bare = _first_groups(
+        r"(?:.+/)?debian-installer/([a-z0-9]+)/(?:initrd\.gz|.*/initrd\.gz)", names
+    )
+    if bare:
+        arch = bare[0]
+        return (
+            f"the {', '.join(bare)} netboot tree has no boot menu (no syslinux or GRUB "
+            f"configuration), so there is nothing here to serialize: "
+            + NO_MENU.get(arch, NO_MENU_OTHER)
+        )
+    kernels = _loader_kernel_dirs(names)
     if kernels:
         more = f" and {len(kernels) - 1} more" if len(kernels) > 1 else ""
         where = "at the top" if kernels[0] == "." else f"{kernels[0]}/"
@@ -549,6 +540,21 @@ def new_names(source: Path, source_kind: str, members: List[tarball.Member]) -> 
     return names
 
 
+def _foreign_names(dest: Path, names: Set[str], arch_dir: str) -> List[str]:
+    """What the tree at dest holds that the new tree (names) has not, apart from the
+    installer's own directory of an installer tree of the same architecture."""
+    old_names = tree_names(dest)
+    foreign = sorted(set(old_names) - names)
+    if foreign and arch_dir:
+        try:
+            same = find_layout(old_names, quiet=True).arch_dir == arch_dir
+        except Error:
+            same = False
+        if same:
+            foreign = [n for n in foreign if not n.startswith(arch_dir + "/")]
+    return foreign
+
+
 def check_output(
     source: Path, source_kind: str, dest: Path, names: Set[str], arch_dir: str = ""
 ) -> str:
@@ -578,23 +584,14 @@ def check_output(
         raise Error(f"--output {dest} exists and is not a {dest_kind}")
     if not dest.parent.is_dir():
         raise Error(f"--output {dest}: {dest.parent} is not a directory")
-    if dest_kind == "tree" and is_tree:
-        # The old directory is replaced whole: only when all it holds is in the new tree.
-        old_names = tree_names(dest)
-        foreign = sorted(set(old_names) - names)
-        if foreign and arch_dir:
-            try:
-                same = find_layout(old_names, quiet=True).arch_dir == arch_dir
-            except Error:
-                same = False
-            if same:
-                foreign = [n for n in foreign if not n.startswith(arch_dir + "/")]
-        if foreign:
-            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-            raise Error(
-                f"refusing to replace {dest}: it holds {foreign[0]}{more}, which the new "
-                "tree has not; write to a new or empty directory"
-            )
+    # The old directory is replaced whole: only when all it holds is in the new tree.
+    foreign = _foreign_names(dest, names, arch_dir) if dest_kind == "tree" and is_tree else []
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise Error(
+            f"refusing to replace {dest}: it holds {foreign[0]}{more}, which the new "
+            "tree has not; write to a new or empty directory"
+        )
     return dest_kind
 
 
@@ -635,12 +632,11 @@ def posixpath_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def run(args: argparse.Namespace) -> int:
-    # Bad options are refused before the source is read.
-    if args.console is not None:
-        parse_console(args.console)
-    _merge(args, "amd64", Settings("ttyS0", 115200, timeout=1))
-    source = Path(args.source)
+def _read_source(
+    args: argparse.Namespace, source: Path
+) -> Tuple[str, Layout, Dict[str, bytes], List[tarball.Member]]:
+    """(source kind, layout, relevant files, tarball members) of SOURCE, checked against
+    --sha256sums when given."""
     source_kind = kind_of(source)
     if args.sha256sums is not None:
         if source_kind != "tarball":
@@ -656,19 +652,49 @@ def run(args: argparse.Namespace) -> int:
         layout, files = read_tree(source)
     else:
         layout, files, members = read_tarball(source)
-    dest = output_path(args.output)
-    if dest is not None and dest.resolve() == source.resolve():
-        dest = None
+    return source_kind, layout, files, members
+
+
+def _recorded(
+    files: Dict[str, bytes], layout: Layout, source: Path, dest: Optional[Path]
+) -> Tuple[Optional[Settings], str]:
+    """The choices an earlier run recorded, and where: in the source, else in DEST."""
     recorded = recorded_settings(files, layout)
-    recorded_in = str(source)
     if recorded is None and dest is not None and dest.is_dir() and not dest.is_symlink():
         # A newer download into a TFTP root serialized before keeps the root's choices.
         try:
             dest_layout, dest_files = read_tree(dest)
-            recorded = recorded_settings(dest_files, dest_layout)
-            recorded_in = str(dest)
+            return recorded_settings(dest_files, dest_layout), str(dest)
         except Error:
-            recorded = None
+            return None, str(source)
+    return recorded, str(source)
+
+
+def _warn_packaged(source: Path, source_kind: str, dest: Optional[Path], changes) -> None:
+    """Say that a package's upgrade undoes changes made in place to its tree."""
+    if (
+        dest is None
+        and source_kind == "tree"
+        and changes
+        and source.resolve().is_relative_to("/usr/lib/debian-installer")
+    ):
+        log.warning(
+            "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
+            source,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    # Bad options are refused before the source is read.
+    if args.console is not None:
+        parse_console(args.console)
+    _merge(args, "amd64", Settings("ttyS0", 115200, timeout=1))
+    source = Path(args.source)
+    source_kind, layout, files, members = _read_source(args, source)
+    dest = output_path(args.output)
+    if dest is not None and dest.resolve() == source.resolve():
+        dest = None
+    recorded, recorded_in = _recorded(files, layout, source, dest)
     new, kept = _merge(args, layout.arch_dir.split("/")[-1], recorded)
     dest_kind = None
     if dest is not None:
@@ -699,26 +725,22 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if mode == "apply":
-        if (
-            dest is None
-            and source_kind == "tree"
-            and changes
-            and source.resolve().is_relative_to("/usr/lib/debian-installer")
-        ):
-            log.warning(
-                "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
-                source,
-            )
+        _warn_packaged(source, source_kind, dest, changes)
         replace = {c.path: c.new for c in changes}
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
+    return _result(args, report)
+
+
+def _result(args: argparse.Namespace, report: Report) -> int:
+    """Print the report as asked; the exit status."""
     if args.json:
         emit_json(report.as_dict())
-    elif getattr(args, "verbosity", 0) >= 0 or mode == "dry-run":
+    elif getattr(args, "verbosity", 0) >= 0 or report.mode == "dry-run":
         # -q: the exit status says it all (a dry run's diff is its result, kept).
         print_report(report)
     # A file whose only difference is the settings comment (written by 0.1.0, which
     # kept it in syslinux.cfg alone) boots as asked: not a reason to alarm a monitor.
-    if mode == "check" and any(c.notes != [COMMENT_ONLY] for c in changes):
+    if report.mode == "check" and any(c.notes != [COMMENT_ONLY] for c in report.changes):
         return EXIT_ACTION
     return EXIT_OK
 
