@@ -1217,6 +1217,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
             say(f"done: {text}")
         flush(root, False, say)
         after = inspect(root, groups, keep=LISTED)
+    return _verdict(state, after)
+
+
+def _verdict(state: Any, after: Any) -> int:
+    """apply's exit status from what is left to do after it (after) and what refused an
+    ACL while it ran (state.refused); an Error where more than ACLs was left undone."""
     left = [
         f for f in after.findings if f["severity"] == "action" and f["code"] not in ADMIN_CHOICE
     ]
