@@ -678,6 +678,61 @@ def grant_tree(
     return skips, refused
 
 
+def _revoke_recorded(
+    node: Any,
+    key: Tuple[int, int],
+    record: Any,
+    current: Tuple,
+    gone: Set[int],
+    store: Any,
+    dry_run: bool,
+) -> Optional[bool]:
+    """Revert an inode apply recorded: whether it changed; None when it no longer holds
+    what apply made of it (then it is stripped as any other)."""
+    _, mode, old_access, old_default, before = record
+    left = before - gone
+    base = walker.parse(old_access) or walker.from_mode(mode)
+    base_default = walker.parse(old_default)
+    made = walker.grant_all(base, base_default, node.st.st_gid, before, node.is_dir)
+    if made != current:
+        return None
+    if left == before:
+        return False  # apply granted it none of the reverted groups
+    if not left:
+        if not dry_run:
+            walker.restore(node, old_access, old_default, mode)
+            store.forget(*key)
+        return True
+    target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
+    if target == made:
+        return False
+    if not dry_run:
+        node.set_acls(target[0], target[1] if node.is_dir else None)
+        store.set_gids(*key, left)
+    return True
+
+
+def _revoke_node(node: Any, gone: Set[int], store: Any, dry_run: bool) -> bool:
+    """Undo apply for the gone gids on one inode; whether it changed (would change)."""
+    access_raw, default_raw = node.raw()
+    access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
+    default = walker.parse(default_raw)
+    key = (node.st.st_ino, acl_state().generation(node.fd))
+    record = store.lookup(*key)
+    if record is not None:
+        current = (access, default if node.is_dir else None)
+        changed = _revoke_recorded(node, key, record, current, gone, store, dry_run)
+        if changed is not None:
+            return changed
+    new_access = walker.strip_groups(access, gone, walker.from_mode(node.st.st_mode))
+    new_default = walker.strip_groups(default, gone) if node.is_dir else None
+    if new_access is None and new_default is None:
+        return False
+    if not dry_run:
+        node.set_acls(new_access, new_default)
+    return True
+
+
 def revoke_tree(
     journal: Path,
     reverted: Dict[str, int],
@@ -708,45 +763,7 @@ def revoke_tree(
             store.begin()
         for node in walker.walk(fd, str(journal), uids, skips):
             try:
-                access_raw, default_raw = node.raw()
-                access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
-                default = walker.parse(default_raw)
-                key = (node.st.st_ino, acl_state().generation(node.fd))
-                record = store.lookup(*key)
-                if record is not None:
-                    _, mode, old_access, old_default, before = record
-                    left = before - gone
-                    base = walker.parse(old_access) or walker.from_mode(mode)
-                    base_default = walker.parse(old_default)
-                    made = walker.grant_all(
-                        base, base_default, node.st.st_gid, before, node.is_dir
-                    )
-                    if made == (access, default if node.is_dir else None):
-                        if left == before:
-                            continue  # apply granted it none of the reverted groups
-                        if left:
-                            target = walker.grant_all(
-                                base, base_default, node.st.st_gid, left, node.is_dir
-                            )
-                            if target == made:
-                                continue
-                            touched += 1
-                            if not dry_run:
-                                node.set_acls(target[0], target[1] if node.is_dir else None)
-                                store.set_gids(*key, left)
-                        else:
-                            touched += 1
-                            if not dry_run:
-                                walker.restore(node, old_access, old_default, mode)
-                                store.forget(*key)
-                        continue
-                new_access = walker.strip_groups(access, gone, walker.from_mode(node.st.st_mode))
-                new_default = walker.strip_groups(default, gone) if node.is_dir else None
-                if new_access is None and new_default is None:
-                    continue
-                touched += 1
-                if not dry_run:
-                    node.set_acls(new_access, new_default)
+                touched += _revoke_node(node, gone, store, dry_run)
             except walker.AclError as exc:
                 raise Error(str(exc)) from None
         if not dry_run and store.db is not None:
@@ -1200,6 +1217,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
             say(f"done: {text}")
         flush(root, False, say)
         after = inspect(root, groups, keep=LISTED)
+    return _verdict(state, after)
+
+
+def _verdict(state: Any, after: Any) -> int:
+    """apply's exit status from what is left to do after it (after) and what refused an
+    ACL while it ran (state.refused); an Error where more than ACLs was left undone."""
     left = [
         f for f in after.findings if f["severity"] == "action" and f["code"] not in ADMIN_CHOICE
     ]
@@ -1297,6 +1320,78 @@ def revert_locked(args: argparse.Namespace, root: Path, say: Callable[[str], Non
         store.close()
 
 
+def _revoke_steps(
+    journal: Path, reverted: Dict[str, int], applied: Dict[str, int], root: Path, store: Any
+) -> List[Step]:
+    """Restoring the ACLs under the journal, when any would change (a read-only journal
+    refuses here, before the first write)."""
+    uids = journal_uids(root)
+    if not revoke_tree(journal, reverted, applied, uids, store, dry_run=True):
+        return []
+    fd = open_journal(journal)
+    if fd is not None:
+        os.close(fd)
+        not_read_only(journal)
+    return [
+        (
+            f"restore the ACLs under {journal} as they were before {', '.join(reverted)} "
+            "was applied (by file descriptor)",
+            lambda: revoke_tree(journal, reverted, applied, uids, store),
+        )
+    ]
+
+
+def _store_steps(
+    store: Any, applied: Dict[str, int], reverted: Dict[str, int], remaining: Dict[str, int]
+) -> List[Step]:
+    """Forgetting the reverted groups in the state database (removing it when none is
+    left)."""
+    if store.db is None or not any(n in applied for n in reverted):
+        return []
+    writable(store.path.parent)
+    if not remaining:
+        return [(f"remove {store.path}", store.remove)]
+    return [
+        (
+            f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}",
+            lambda: forget_applied(store, remaining),
+        )
+    ]
+
+
+def _configuration_steps(root: Path, groups: Dict[str, Optional[int]]) -> List[Step]:
+    """Removing the reverted groups from JOURNAL_ACL_GROUPS."""
+    configured = configured_groups(root)
+    dropped = [n for n in groups if n != STOCK_GROUP and n in configured]
+    if not dropped:
+        return []
+    writable((root / DEFAULTS_FILE).parent)
+    kept = [n for n in configured if n not in dropped] or [STOCK_GROUP]
+    return [
+        (
+            f"remove {', '.join(dropped)} from JOURNAL_ACL_GROUPS in {root / DEFAULTS_FILE}",
+            lambda: write_configured_groups(root, kept),
+        )
+    ]
+
+
+def _run_steps(
+    args: argparse.Namespace, steps: List[Step], journal: Path, say: Callable[[str], None]
+) -> int:
+    if not steps:
+        say("nothing to change: nothing of the named groups is left to revert")
+        return EXIT_OK
+    for text, action in steps:
+        if args.dry_run:
+            say(f"would {text}")
+        else:
+            action()
+            say(f"done: {text}")
+    if not args.dry_run:
+        say(f"{journal} and the log files in it were left in place")
+    return EXIT_OK
+
+
 def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None], store) -> int:
     applied = store.applied()
     names = revert_names(args, root)
@@ -1318,59 +1413,15 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
     }
     remaining = {n: g for n, g in applied.items() if n not in reverted}
     if reverted:
-        uids = journal_uids(root)
-        if revoke_tree(journal, reverted, applied, uids, store, dry_run=True):
-            fd = open_journal(journal)
-            if fd is not None:
-                os.close(fd)
-                not_read_only(journal)
-            steps.append(
-                (
-                    f"restore the ACLs under {journal} as they were before {', '.join(reverted)} "
-                    "was applied (by file descriptor)",
-                    lambda: revoke_tree(journal, reverted, applied, uids, store),
-                )
-            )
-    if store.db is not None and any(n in applied for n in reverted):
-        writable(store.path.parent)
-        if remaining:
-            steps.append(
-                (
-                    f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}",
-                    lambda: forget_applied(store, remaining),
-                )
-            )
-        else:
-            steps.append((f"remove {store.path}", store.remove))
+        steps += _revoke_steps(journal, reverted, applied, root, store)
+    steps += _store_steps(store, applied, reverted, remaining)
     dropin_steps = revert_dropin(root, groups)
     if dropin_steps:
         writable((root / TMPFILES_DROPIN).parent)
     steps += dropin_steps
     if not args.all:
-        configured = configured_groups(root)
-        dropped = [n for n in groups if n != STOCK_GROUP and n in configured]
-        if dropped:
-            writable((root / DEFAULTS_FILE).parent)
-            kept = [n for n in configured if n not in dropped] or [STOCK_GROUP]
-            steps.append(
-                (
-                    f"remove {', '.join(dropped)} from JOURNAL_ACL_GROUPS in "
-                    f"{root / DEFAULTS_FILE}",
-                    lambda: write_configured_groups(root, kept),
-                )
-            )
-    if not steps:
-        say("nothing to change: nothing of the named groups is left to revert")
-        return EXIT_OK
-    for text, action in steps:
-        if args.dry_run:
-            say(f"would {text}")
-        else:
-            action()
-            say(f"done: {text}")
-    if not args.dry_run:
-        say(f"{journal} and the log files in it were left in place")
-    return EXIT_OK
+        steps += _configuration_steps(root, groups)
+    return _run_steps(args, steps, journal, say)
 
 
 def forget_applied(store: Any, remaining: Dict[str, int]) -> None:

@@ -432,8 +432,26 @@ def walk(
     st = os.fstat(top_fd)
     mount = (st.st_dev, mount_id(top_fd))
     if open_files:
-        return _walk(top_fd, top_path, st, allowed_uids, skips, 0, mount, OPEN_FILES)
+        return _walk(top_fd, top_path, st, 0, _Walk(allowed_uids, skips, mount, OPEN_FILES))
     return _walk_by_name(top_fd, top_path, st, allowed_uids, skips, mount)
+
+
+class _Walk:
+    """What stays the same over one walk: the owners it passes (allowed_uids), where it
+    puts what it leaves alone (skips), the top's mount (st_dev, mount id) and the way back
+    to the working directory (here: a descriptor, None where there is none, OPEN_FILES
+    where every file is opened). A plain class: dataclasses would import inspect."""
+
+    __slots__ = ("allowed_uids", "skips", "mount", "here")
+
+    def __init__(
+        self,
+        allowed_uids: Set[int],
+        skips: Skips,
+        mount: Tuple[int, Optional[int]],
+        here: Optional[int],
+    ) -> None:
+        self.allowed_uids, self.skips, self.mount, self.here = allowed_uids, skips, mount, here
 
 
 def _walk_by_name(
@@ -452,7 +470,7 @@ def _walk_by_name(
         # so the verdict does not depend on where the tool was started.
         here = None
     try:
-        yield from _walk(top_fd, top_path, top_st, allowed_uids, skips, 0, mount, here)
+        yield from _walk(top_fd, top_path, top_st, 0, _Walk(allowed_uids, skips, mount, here))
     finally:
         if here is not None:
             os.close(here)
@@ -517,13 +535,7 @@ def _refused(
 
 
 def _files_by_name(
-    top_fd: int,
-    top_path: str,
-    top_st: os.stat_result,
-    names: List[str],
-    allowed_uids: Set[int],
-    skips: Skips,
-    here: Optional[int],
+    top_fd: int, top_path: str, top_st: os.stat_result, names: List[str], ctx: _Walk
 ) -> Optional[List[FileRead]]:
     """The regular files names of the directory open as top_fd, read without opening
     them, relative to the working directory moved there, or where the way back to it
@@ -535,6 +547,7 @@ def _files_by_name(
     read: List[FileRead] = []
     append = read.append
     top_uid = top_st.st_uid
+    allowed_uids, skips, here = ctx.allowed_uids, ctx.skips, ctx.here
     prefix = ""
     if here is None:
         if not magic_links_work(top_fd):
@@ -597,21 +610,15 @@ BATCH = 512  # files read by name per batch: memory bounded however large a dire
 
 
 def _walk(
-    top_fd: int,
-    top_path: str,
-    top_st: os.stat_result,
-    allowed_uids: Set[int],
-    skips: Skips,
-    depth: int,
-    mount: Tuple[int, Optional[int]],
-    here: Optional[int],
+    top_fd: int, top_path: str, top_st: os.stat_result, depth: int, ctx: _Walk
 ) -> Iterator[Node]:
     """The directory open as top_fd, then what is in it, as the directory is read: no
     list of a directory's entries is ever built (a journal directory can hold 200,000
     files), only batches of BATCH names read by name."""
     node = Node(top_path, top_fd, top_st, True)
     yield node
-    by_name = here != OPEN_FILES
+    skips = ctx.skips
+    by_name = ctx.here != OPEN_FILES
     batch: List[str] = []
     try:
         it = os.scandir(top_fd)
@@ -649,47 +656,28 @@ def _walk(
             if not is_dir and by_name:
                 batch.append(name)
                 if len(batch) >= BATCH:
-                    yield from _batch(top_fd, top_path, top_st, batch, allowed_uids, skips, here)
+                    yield from _batch(top_fd, top_path, top_st, batch, ctx)
                     batch = []
                 continue
-            yield from _visit(
-                top_fd, name, path, is_dir, top_st, allowed_uids, skips, depth, mount, here
-            )
+            yield from _visit(top_fd, name, path, is_dir, top_st, depth, ctx)
     if batch:
-        yield from _batch(top_fd, top_path, top_st, batch, allowed_uids, skips, here)
+        yield from _batch(top_fd, top_path, top_st, batch, ctx)
 
 
 def _batch(
-    top_fd: int,
-    top_path: str,
-    top_st: os.stat_result,
-    names: List[str],
-    allowed_uids: Set[int],
-    skips: Skips,
-    here: Optional[int],
+    top_fd: int, top_path: str, top_st: os.stat_result, names: List[str], ctx: _Walk
 ) -> Iterator[Node]:
     """A batch of regular files read by name, as a node of the directory with no ACL of
     its own (files set, is_dir false, fd -1); where they cannot be read by name, each is
-    opened and visited instead."""
-    read = _files_by_name(top_fd, top_path, top_st, names, allowed_uids, skips, here)
+    opened and visited instead (a file's depth and mount do not matter)."""
+    read = _files_by_name(top_fd, top_path, top_st, names, ctx)
     if read is not None:
         batch = Node(top_path, -1, top_st, False)
         batch.files = read
         yield batch
         return
     for name in names:
-        yield from _visit(
-            top_fd,
-            name,
-            f"{top_path}/{name}",
-            False,
-            top_st,
-            allowed_uids,
-            skips,
-            0,
-            NO_MOUNT,
-            here,
-        )
+        yield from _visit(top_fd, name, f"{top_path}/{name}", False, top_st, 0, ctx)
 
 
 def open_checked(dir_fd: int, name: str, is_dir: bool) -> Tuple[int, os.stat_result]:
@@ -725,12 +713,10 @@ def _visit(
     path: str,
     is_dir: bool,
     top_st: os.stat_result,
-    allowed_uids: Set[int],
-    skips: Skips,
     depth: int,
-    mount: Tuple[int, Optional[int]],
-    here: Optional[int],
+    ctx: _Walk,
 ) -> Iterator[Node]:
+    skips = ctx.skips
     try:
         fd, st = open_checked(top_fd, name, is_dir)
     except FileNotFoundError:
@@ -742,7 +728,7 @@ def _visit(
             skips.append(_unreadable(path, exc, "open"))
         return
     try:
-        skip = _refused(path, st, is_dir, top_st, allowed_uids, mount, fd)
+        skip = _refused(path, st, is_dir, top_st, ctx.allowed_uids, ctx.mount, fd)
         if skip is not None:
             skips.append(skip)
             return
@@ -756,7 +742,7 @@ def _visit(
                     )
                 )
                 return
-            yield from _walk(fd, path, st, allowed_uids, skips, depth + 1, mount, here)
+            yield from _walk(fd, path, st, depth + 1, ctx)
         else:
             yield Node(path, fd, st, False)
     finally:

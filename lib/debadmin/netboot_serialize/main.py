@@ -9,7 +9,6 @@ import logging
 import os
 import posixpath
 import re
-import shlex
 import shutil
 import stat
 import tempfile
@@ -22,499 +21,28 @@ from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.netboot_serialize import tar as tarball
+from debadmin.netboot_serialize.menus import (  # noqa: F401 (tests use these names here)
+    COMMENT_ONLY,
+    TOP_LEVEL,
+    edit_grub,
+    edit_syslinux_included,
+    edit_syslinux_top,
+    grub_entries,
+    labels,
+    recorded_settings,
+    syslinux_marker,
+)
+from debadmin.netboot_serialize.settings import (  # noqa: F401 (as above)
+    MARKER,
+    KEPT_OPTION,
+    Settings,
+    _merge,
+    parse_console,
+    settings_from,
+)
 
 PROG = "netboot-serialize"
 log = logging.getLogger("debadmin")
-
-# Kernel serial console names this tool accepts: 8250/16550 UARTs (x86, many servers),
-# the PL011 of arm64 (ttyAMA), Zynq (ttyPS), hypervisor consoles (hvc) and USB adapters.
-CONSOLE = re.compile(
-    r"^(ttyS(?:[0-9]|[12][0-9]|3[01])|ttyAMA[0-3]|ttyPS[0-3]|hvc[0-7]|ttyUSB[0-9]),([0-9]+)(n8)?$"
-)
-# The default console per architecture (the debian-installer/ARCH directory name).
-DEFAULT_CONSOLE = {"arm64": "ttyAMA0,115200n8"}
-X86_CONSOLE = "ttyS0,115200n8"
-# Where GRUB's 'serial --unit=N' has ports to drive (see edit_grub).
-SERIAL_UNIT_ARCHES = ("amd64", "i386")
-BAUDS = (1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200)
-MARKER = "# netboot-serialize:"
-# The note of a menu file that differs in its settings comment only.
-COMMENT_ONLY = "settings comment"
-GRUB_END = "# netboot-serialize: end"
-DISABLED = "# disabled by netboot-serialize (no autoboot on a serial console): "
-VGA = "vga=788"
-# Tokens d-i puts before vga=788 on its kernel command lines (syslinux and GRUB alike).
-LEADING = re.compile(r"^(desktop|auto|priority)=")
-# --default ENTRY: the syslinux label and the GRUB menu entry (submenus joined by '>').
-ENTRIES = {
-    "install": ("install", "Install"),
-    "expert": ("expert", "Advanced options ...>... Expert install"),
-    "rescue": ("rescue", "Advanced options ...>... Rescue mode"),
-    "auto": ("auto", "Advanced options ...>... Automated install"),
-}
-TOP_LEVEL = ("syslinux.cfg", "prompt.cfg")  # files syslinux loads as a whole configuration
-# Characters GRUB's script parser takes as syntax on a 'linux' line (grub-script-check
-# rejects | & < >; a word starting with '#' comments out the rest, console= included).
-UNSAFE = set("{}'\"\\;$|&<>")
-AUTOBOOT = re.compile(r"^\s*(timeout|totaltimeout|ontimeout|menu\s+autoboot)\b", re.I)
-
-
-# --- settings --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a serialized tree looks like: the console and the extra kernel arguments."""
-
-    device: str
-    baud: int
-    also_vga: bool = False
-    extra_args: str = ""
-    timeout: Optional[int] = None
-    default: Optional[str] = None
-
-    @property
-    def console(self) -> str:
-        return f"{self.device},{self.baud}n8"
-
-    @property
-    def port(self) -> Optional[int]:
-        """The 8250 port number of ttyS<n> (syslinux's and GRUB's serial unit), else None."""
-        match = re.fullmatch(r"ttyS([0-9]+)", self.device)
-        return int(match.group(1)) if match else None
-
-    def extra(self) -> Tuple[List[str], List[str]]:
-        """Extra arguments before '---' (installer only) and after it (also installed)."""
-        words = self.extra_args.split()
-        if "---" in words:
-            cut = words.index("---")
-            return words[:cut], words[cut + 1 :]
-        return words, []
-
-    def marker(self, full: bool = False) -> str:
-        """The settings comment; full (syslinux.cfg, grub.cfg) adds the timeout choices,
-        which a rerun keeps, so that a new timeout rewrites only the files it touches."""
-        text = (
-            f"{MARKER} console={self.console} also-vga={'yes' if self.also_vga else 'no'}"
-            f" extra-args={shlex.quote(self.extra_args)}"
-        )
-        if full:
-            text += f" timeout={self.timeout or 0} default={self.default or 'install'}"
-        return text
-
-
-def parse_console(spec: str) -> Tuple[str, int]:
-    match = CONSOLE.match(spec)
-    if not match:
-        raise Error(
-            f"invalid console {spec!r}: expected DEVICE,BAUD[n8] with DEVICE one of "
-            "ttyS0..ttyS31, ttyAMA0..3, ttyPS0..3, hvc0..7, ttyUSB0..9 (8N1 only), "
-            "e.g. ttyS1,115200n8"
-        )
-    baud = int(match.group(2))
-    if baud not in BAUDS:
-        raise Error(
-            f"invalid console {spec!r}: baud rate must be one of " f"{', '.join(map(str, BAUDS))}"
-        )
-    return match.group(1), baud
-
-
-def parse_extra_args(text: str) -> str:
-    words = text.split()
-    for word in words:
-        if word.startswith("console="):
-            raise Error("--extra-args must not set console=; use --console")
-        if any(ord(c) < 32 or ord(c) == 127 or c in UNSAFE for c in word) or word.startswith("#"):
-            raise Error(
-                f"refusing kernel argument {word!r}: quotes, braces, backslashes, "
-                "'$ ; | & < >', control characters and a leading '#' do not survive "
-                "both boot loaders"
-            )
-    if words.count("---") > 1:
-        raise Error("--extra-args holds '---' more than once")
-    return " ".join(words)
-
-
-def parse_marker(line: str) -> Optional[Settings]:
-    """The settings an earlier run recorded in its marker comment, or None."""
-    if not line.startswith(MARKER) or line.strip() == GRUB_END:
-        return None
-    try:
-        fields = dict(w.split("=", 1) for w in shlex.split(line[len(MARKER) :]) if "=" in w)
-        device, baud = parse_console(fields.get("console", ""))
-    except (ValueError, Error):
-        return None
-    timeout: Optional[int] = None
-    if (
-        re.fullmatch(r"[0-9]{1,4}", fields.get("timeout", ""))
-        and 0 < int(fields["timeout"]) < 3600
-    ):
-        timeout = int(fields["timeout"])
-    default = fields.get("default") if timeout and fields.get("default") in ENTRIES else None
-    return Settings(
-        device,
-        baud,
-        fields.get("also-vga") == "yes",
-        fields.get("extra-args", ""),
-        timeout,
-        None if default == "install" else default,
-    )
-
-
-# --- kernel command lines --------------------------------------------------------------------
-
-
-def _tokens(text: str) -> Tuple[List[List[str]], str]:
-    """[[whitespace, word], ...] and the trailing whitespace, so that edits keep spacing."""
-    pairs = [[m.group(1), m.group(2)] for m in re.finditer(r"(\s*)(\S+)", text)]
-    trailing = text[len("".join(w + t for w, t in pairs)) :]
-    return pairs, trailing
-
-
-def _strip_suffix(pairs: List[List[str]], start: int, end: int, words: List[str]) -> int:
-    """Remove words if they are the last ones of pairs[start:end]; return the new end."""
-    if (
-        words
-        and end - start >= len(words)
-        and [t for _, t in pairs[end - len(words) : end]] == words
-    ):
-        del pairs[end - len(words) : end]
-        return end - len(words)
-    return end
-
-
-def edit_cmdline(text: str, old: Optional[Settings], new: Settings, has_path: bool) -> str:
-    """Undo what old added to a kernel command line, then serialize it for new.
-
-    text is what follows 'append' (syslinux) or 'linux' (GRUB, where the kernel path
-    comes first).
-    """
-    pairs, trailing = _tokens(text)
-    first = 1 if has_path and pairs else 0
-
-    def sep() -> int:
-        words = [t for _, t in pairs]
-        return words.index("---", first) if "---" in words[first:] else len(pairs)
-
-    # Undo: our console= words, the old extra arguments, vga=788 where we removed it.
-    cut = sep()
-    tail_start = cut + 1 if cut < len(pairs) else first
-    pairs[tail_start:] = [p for p in pairs[tail_start:] if not p[1].startswith("console=")]
-    if old is not None:
-        old_pre, old_post = old.extra()
-        cut = sep()
-        if cut < len(pairs):
-            _strip_suffix(pairs, cut + 1, len(pairs), old_post)
-            _strip_suffix(pairs, first, sep(), old_pre)
-        else:
-            _strip_suffix(pairs, first, len(pairs), old_pre + old_post)
-        if not old.also_vga and not any(t.startswith("vga=") for _, t in pairs[first : sep()]):
-            at = first
-            while at < sep() and LEADING.match(pairs[at][1]):
-                at += 1
-            pairs.insert(at, [" ", VGA])
-    # Apply.
-    if not new.also_vga:
-        pairs[first : sep()] = [p for p in pairs[first : sep()] if p[1] != VGA]
-    pre, post = new.extra()
-    consoles = (["console=tty0"] if new.also_vga else []) + [f"console={new.console}"]
-    cut = sep()
-    pairs[cut:cut] = [[" ", w] for w in pre]
-    pairs.extend([" ", w] for w in post + consoles)
-    return "".join(w + t for w, t in pairs) + trailing
-
-
-# --- syslinux ----------------------------------------------------------------------------------
-
-
-def _split_lines(data: bytes) -> List[str]:
-    return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
-
-
-def _join_lines(lines: List[str]) -> bytes:
-    return "".join(lines).encode("utf-8", "surrogateescape")
-
-
-def _eol(line: str) -> str:
-    return line[len(line.rstrip("\r\n")) :] or "\n"
-
-
-def _directive(line: str) -> Tuple[str, str, str]:
-    """(indent, keyword, rest) of a syslinux or GRUB line; keyword '' for blanks/comments."""
-    body = line.rstrip("\r\n")
-    match = re.match(r"^(\s*)(\S+)(.*)$", body)
-    if not match or match.group(2).startswith("#"):
-        return "", "", body
-    return match.group(1), match.group(2), match.group(3)
-
-
-def syslinux_marker(data: bytes) -> Optional[Settings]:
-    for line in _split_lines(data):
-        settings = parse_marker(line)
-        if settings:
-            return settings
-    return None
-
-
-def _has_console(lines: List[str]) -> bool:
-    return any(
-        _directive(ln)[1].lower() == "append" and " console=" in _directive(ln)[2] for ln in lines
-    )
-
-
-def edit_syslinux_included(
-    data: bytes, legacy: Optional[Settings], new: Settings
-) -> Tuple[bytes, List[str]]:
-    """A menu file (txt.cfg, spk.cfg, ...): kernel command lines and autoboot lines.
-
-    A file with kernel lines carries its own marker comment with the settings they were
-    serialized for, written in the same rename as they are, so that undoing them never
-    depends on another file: an interrupted run leaves each file consistent. A file
-    serialized by netboot-serialize 0.1.0 has console= words but no marker of its own;
-    then legacy, the marker of syslinux.cfg (written last), says what was applied.
-    """
-    lines = _split_lines(data)
-    own = [parse_marker(ln) for ln in lines if ln.startswith(MARKER)]
-    old = next((m for m in own if m), None)
-    if old is None and _has_console(lines):
-        old = legacy
-    lines = [ln for ln in lines if not ln.startswith(MARKER)]
-    notes: List[str] = []
-    kernel_lines = 0
-    has_kernel_lines = False
-    for i, line in enumerate(lines):
-        indent, keyword, rest = _directive(line)
-        if keyword.lower() == "append":
-            has_kernel_lines = True
-            edited = indent + keyword + edit_cmdline(rest, old, new, False) + _eol(line)
-            if edited != line:
-                lines[i] = edited
-                kernel_lines += 1
-        elif keyword and AUTOBOOT.match(line) and not re.match(r"^\s*timeout\s+0\s*$", line):
-            lines[i] = DISABLED + line.lstrip()
-            notes.append(f"{AUTOBOOT.match(line).group(1)} disabled")
-    if has_kernel_lines:
-        at = 1 if lines and lines[0].startswith("# D-I config version") else 0
-        lines.insert(at, new.marker() + (_eol(lines[0]) if lines else "\n"))
-    if kernel_lines:
-        notes.insert(0, f"{kernel_lines} kernel command line(s)")
-    result = _join_lines(lines)
-    if result != data and not notes:
-        notes.append(COMMENT_ONLY)
-    return result, notes
-
-
-def labels(files: Dict[str, bytes]) -> Dict[str, Tuple[str, str]]:
-    """syslinux label -> (kernel, append arguments) over every menu file."""
-    found: Dict[str, Tuple[str, str]] = {}
-    for name in sorted(files):
-        current = None
-        for line in _split_lines(files[name]):
-            _, keyword, rest = _directive(line)
-            keyword = keyword.lower()
-            if keyword == "label":
-                current = rest.strip()
-                found[current] = ("", "")
-            elif current and keyword in ("kernel", "linux"):
-                found[current] = (rest.strip(), found[current][1])
-            elif current and keyword == "append":
-                found[current] = (found[current][0], rest.strip())
-    return found
-
-
-def edit_syslinux_top(
-    data: bytes, new: Settings, name: str, menu: Dict[str, Tuple[str, str]]
-) -> Tuple[bytes, List[str]]:
-    """syslinux.cfg or prompt.cfg: 'serial' as the first directive, timeout, marker."""
-    lines = [
-        ln
-        for ln in _split_lines(data)
-        if _directive(ln)[1].lower() != "serial" and not ln.startswith(MARKER)
-    ]
-    notes: List[str] = []
-    if name == "syslinux.cfg":
-        kept = []
-        for line in lines:
-            _, keyword, _ = _directive(line)
-            if keyword.lower() == "ontimeout":
-                continue
-            if keyword.lower() == "timeout":
-                line = f"timeout {new.timeout * 10 if new.timeout else 0}" + _eol(line)
-                kept.append(line)
-                if new.timeout:
-                    label = ENTRIES[new.default or "install"][0]
-                    kernel, append = menu.get(label, ("", ""))
-                    if not kernel:
-                        raise Error(
-                            f"--default {new.default or 'install'}: no syslinux "
-                            f"label {label!r} in this tree"
-                        )
-                    kept.append(f"ontimeout {kernel} {append}" + _eol(line))
-                continue
-            kept.append(line)
-        if new.timeout and not any(_directive(ln)[1].lower() == "timeout" for ln in kept):
-            raise Error("syslinux.cfg has no 'timeout' directive to set")
-        lines = kept
-    at = 0
-    if lines and lines[0].startswith("# D-I config version"):
-        at = 1
-    eol = _eol(lines[0]) if lines else "\n"
-    insert = [f"serial {new.port} {new.baud}{eol}"]
-    if name == "syslinux.cfg":
-        insert.insert(0, new.marker(full=True) + eol)
-    lines[at:at] = insert
-    result = _join_lines(lines)
-    if result != data:
-        notes.append(f"serial {new.port} {new.baud} as the first directive")
-        if name == "syslinux.cfg":
-            notes.append(
-                f"timeout {new.timeout} s, then boot {new.default or 'install'}"
-                if new.timeout
-                else "no timeout"
-            )
-    return result, notes
-
-
-# --- GRUB --------------------------------------------------------------------------------------
-
-
-def grub_entries(data: bytes) -> List[str]:
-    """Titles of every menuentry, submenus joined by '>' as 'set default' wants them."""
-    stack: List[Optional[str]] = []
-    titles: List[str] = []
-    for line in _split_lines(data):
-        stripped = line.strip()
-        match = re.match(r"^(menuentry|submenu)\b.*?'([^']*)'.*\{$", stripped)
-        if match:
-            path = [t for t in stack if t is not None] + [match.group(2)]
-            if match.group(1) == "menuentry":
-                titles.append(">".join(path))
-            stack.append(match.group(2))
-        elif stripped.endswith("{"):
-            stack.append(None)
-        elif stripped == "}" and stack:
-            stack.pop()
-    return titles
-
-
-def edit_grub(data: bytes, new: Settings, arch: str = "amd64") -> Tuple[bytes, List[str]]:
-    """grub.cfg: a serial terminal after the gfxterm block, every 'linux' line serialized."""
-    lines = _split_lines(data)
-    old = None
-    start = next((i for i, ln in enumerate(lines) if parse_marker(ln)), None)
-    if start is not None:
-        old = parse_marker(lines[start])
-        end = next((i for i in range(start, len(lines)) if lines[i].strip() == GRUB_END), None)
-        if end is None:
-            raise Error("grub.cfg holds a netboot-serialize block without its end line")
-        del lines[start : end + 1]
-    notes = []
-    kernel_lines = 0
-    for i, line in enumerate(lines):
-        indent, keyword, rest = _directive(line)
-        if keyword in ("linux", "linuxefi"):
-            edited = indent + keyword + edit_cmdline(rest, old, new, True) + _eol(line)
-            if edited != line:
-                lines[i] = edited
-                kernel_lines += 1
-    if kernel_lines:
-        notes.append(f"{kernel_lines} kernel command line(s)")
-    at = 0
-    for i, line in enumerate(lines):
-        if re.match(r"^\s*if\s+loadfont\b", line):
-            at = next((j + 1 for j in range(i + 1, len(lines)) if lines[j].strip() == "fi"), 0)
-            break
-    # 'serial --unit=N' names GRUB's port comN, which only x86 builds of GRUB have (its
-    # ns8250 driver probes the PC's I/O ports); on arm64 and riscv64 EFI GRUB knows the
-    # firmware's serial I/O protocol (efi0) alone, and that is the firmware console's line.
-    unit = new.port if arch in SERIAL_UNIT_ARCHES else None
-    if unit is not None:
-        block = [
-            new.marker(full=True),
-            f"serial --unit={unit} --speed={new.baud} --word=8 --parity=no --stop=1",
-            "terminal_input serial console",
-            "terminal_output serial console",
-        ]
-        what = f"serial terminal on unit {unit} at {new.baud} baud"
-    else:
-        # A PL011, hypervisor console or (off x86) any serial line is the UEFI console
-        # itself on arm64 servers, AAVMF and riscv64 firmware (EDK2, U-Boot's EFI), which
-        # SPCR or the device tree points at: the menu goes to the firmware console.
-        # 'terminal_output serial console' with efi0 would print every line twice.
-        block = [new.marker(full=True), "terminal_input console", "terminal_output console"]
-        what = f"firmware console for {new.device}"
-    if new.timeout:
-        title = ENTRIES[new.default or "install"][1]
-        if title not in grub_entries(data):
-            raise Error(
-                f"--default {new.default or 'install'}: no GRUB menu entry "
-                f"{title!r} in grub.cfg"
-            )
-        block += [f"set timeout={new.timeout}", f'set default="{title}"']
-    block.append(GRUB_END)
-    lines[at:at] = [ln + "\n" for ln in block]
-    result = _join_lines(lines)
-    if result != data:
-        notes.insert(
-            0,
-            what + (f", timeout {new.timeout} s" if new.timeout else ""),
-        )
-    return result, notes
-
-
-# --- what an earlier run chose ------------------------------------------------------------
-
-
-def recorded_settings(files: Dict[str, bytes], layout: "Layout") -> Optional[Settings]:
-    """The settings an earlier run wrote into this tree (grub.cfg's, else syslinux.cfg's
-    settings comment), with the timeout choices; None for a tree never serialized."""
-    sources = [layout.grub, layout.arch_dir + "/boot-screens/syslinux.cfg"]
-    for name in sources:
-        lines = _split_lines(files.get(name or "", b""))
-        at = next((i for i, ln in enumerate(lines) if parse_marker(ln)), None)
-        if at is None:
-            continue
-        found = parse_marker(lines[at])
-        if found is None or " timeout=" in lines[at]:
-            return found
-        # Written before the marker held the timeout: read what the run wrote.
-        timeout: Optional[int] = None
-        default: Optional[str] = None
-        if name == layout.grub:
-            for line in lines[at:]:
-                if line.strip() == GRUB_END:
-                    break
-                match = re.fullmatch(r"\s*set timeout=([0-9]+)\s*", line)
-                if match:
-                    timeout = int(match.group(1)) or None
-                match = re.fullmatch(r'\s*set default="([^"]*)"\s*', line)
-                if match:
-                    default = next((k for k, v in ENTRIES.items() if v[1] == match.group(1)), None)
-        else:
-            ontimeout = ""
-            for line in lines:
-                _, keyword, rest = _directive(line)
-                if keyword.lower() == "timeout" and rest.strip().isdigit():
-                    timeout = (int(rest.strip()) + 9) // 10 or None
-                elif keyword.lower() == "ontimeout":
-                    ontimeout = rest.strip()
-            menu = labels({n: files[n] for n in layout.configs if n in files})
-            default = next(
-                (k for k, v in ENTRIES.items() if " ".join(menu.get(v[0], ("", ""))) == ontimeout),
-                None,
-            )
-        if not timeout or not 1 <= timeout <= 3599:
-            timeout, default = None, None
-        return Settings(
-            found.device,
-            found.baud,
-            found.also_vga,
-            found.extra_args,
-            timeout,
-            None if default == "install" else default,
-        )
-    return None
-
 
 # --- trees ---------------------------------------------------------------------------------
 
@@ -549,47 +77,14 @@ NO_MENU_OTHER = (
 )
 
 
-def not_a_tree(names: List[str]) -> str:
-    """Why names are not one installer netboot tree, saying what to give instead."""
-    menus = sorted(
-        {
-            m.group(1)
-            for m in (
-                re.fullmatch(
-                    r"(.+)/debian-installer/[a-z0-9]+/(?:boot-screens/syslinux|grub/grub)\.cfg",
-                    n,
-                )
-                for n in names
-            )
-            if m
-        }
-    )
-    if menus:
-        where = " and ".join(f"{p}/" for p in menus)
-        return (
-            f"the netboot {'trees are' if len(menus) > 1 else 'tree is'} in {where} below "
-            f"SOURCE, not at its top: give {' or '.join(f'SOURCE/{p}' for p in menus)}"
-        )
-    bare = sorted(
-        {
-            m.group(1)
-            for m in (
-                re.fullmatch(
-                    r"(?:.+/)?debian-installer/([a-z0-9]+)/(?:initrd\.gz|.*/initrd\.gz)", n
-                )
-                for n in names
-            )
-            if m
-        }
-    )
-    if bare:
-        arch = bare[0]
-        return (
-            f"the {', '.join(bare)} netboot tree has no boot menu (no syslinux or GRUB "
-            f"configuration), so there is nothing here to serialize: "
-            + NO_MENU.get(arch, NO_MENU_OTHER)
-        )
-    kernels = sorted(
+def _first_groups(pattern: str, names: List[str]) -> List[str]:
+    """The sorted distinct first groups of pattern matching whole names."""
+    return sorted({m.group(1) for m in (re.fullmatch(pattern, n) for n in names) if m})
+
+
+def _loader_kernel_dirs(names: List[str]) -> List[str]:
+    """Directories holding an initrd and a kernel beside it (for a firmware's loader)."""
+    return sorted(
         {
             posixpath.dirname(n) or "."
             for n in names
@@ -602,6 +97,30 @@ def not_a_tree(names: List[str]) -> str:
             )
         }
     )
+
+
+def not_a_tree(names: List[str]) -> str:
+    """Why names are not one installer netboot tree, saying what to give instead."""
+    menus = _first_groups(
+        r"(.+)/debian-installer/[a-z0-9]+/(?:boot-screens/syslinux|grub/grub)\.cfg", names
+    )
+    if menus:
+        where = " and ".join(f"{p}/" for p in menus)
+        return (
+            f"the netboot {'trees are' if len(menus) > 1 else 'tree is'} in {where} below "
+            f"SOURCE, not at its top: give {' or '.join(f'SOURCE/{p}' for p in menus)}"
+        )
+    bare = _first_groups(
+        r"(?:.+/)?debian-installer/([a-z0-9]+)/(?:initrd\.gz|.*/initrd\.gz)", names
+    )
+    if bare:
+        arch = bare[0]
+        return (
+            f"the {', '.join(bare)} netboot tree has no boot menu (no syslinux or GRUB "
+            f"configuration), so there is nothing here to serialize: "
+            + NO_MENU.get(arch, NO_MENU_OTHER)
+        )
+    kernels = _loader_kernel_dirs(names)
     if kernels:
         more = f" and {len(kernels) - 1} more" if len(kernels) > 1 else ""
         where = "at the top" if kernels[0] == "." else f"{kernels[0]}/"
@@ -985,65 +504,6 @@ class Report:
         return document
 
 
-def settings_from(
-    args: argparse.Namespace, arch: str = "amd64", recorded: Optional[Settings] = None
-) -> Settings:
-    """The settings of this run: the options given, and for those not given the choices
-    recorded by an earlier run (recorded), else the defaults."""
-    return _merge(args, arch, recorded)[0]
-
-
-def _merge(
-    args: argparse.Namespace, arch: str, recorded: Optional[Settings]
-) -> Tuple[Settings, List[str]]:
-    """(settings, names of the choices kept from recorded)."""
-    kept: List[str] = []
-    if args.console is not None:
-        spec = args.console
-    elif recorded is not None:
-        spec = recorded.console
-        kept.append("console")
-    else:
-        spec = DEFAULT_CONSOLE.get(arch, X86_CONSOLE)
-    device, baud = parse_console(spec)
-    if args.timeout is not None and not 0 <= args.timeout <= 3599:
-        raise Error("--timeout must be between 1 and 3599 seconds (0: wait for a key)")
-    if args.default is not None and args.default not in ENTRIES:
-        raise Error(f"--default {args.default!r}: choose one of {', '.join(ENTRIES)}")
-    also_vga = args.also_vga
-    if also_vga is None:
-        also_vga = bool(recorded and recorded.also_vga)
-        if recorded is not None and recorded.also_vga:
-            kept.append("also_vga")
-    extra_args = args.extra_args
-    if extra_args is None:
-        extra_args = recorded.extra_args if recorded else ""
-        if recorded is not None and recorded.extra_args:
-            kept.append("extra_args")
-    timeout = args.timeout or None
-    if args.timeout is None and recorded is not None and recorded.timeout:
-        timeout = recorded.timeout
-        kept.append("timeout")
-    default = args.default
-    if default and timeout is None:
-        raise Error("--default needs --timeout: it names the entry booted when it expires")
-    if default is None and timeout and args.timeout is None and recorded is not None:
-        default = recorded.default
-        if default:
-            kept.append("default")
-    settings = Settings(device, baud, also_vga, parse_extra_args(extra_args), timeout, default)
-    return settings, kept
-
-
-KEPT_OPTION = {
-    "console": lambda s: f"--console {s.console}",
-    "also_vga": lambda s: "--also-vga",
-    "extra_args": lambda s: f"--extra-args {shlex.quote(s.extra_args)}",
-    "timeout": lambda s: f"--timeout {s.timeout}",
-    "default": lambda s: f"--default {s.default}",
-}
-
-
 def kind_of(path: Path) -> str:
     if path.is_dir():
         return "tree"
@@ -1080,6 +540,21 @@ def new_names(source: Path, source_kind: str, members: List[tarball.Member]) -> 
     return names
 
 
+def _foreign_names(dest: Path, names: Set[str], arch_dir: str) -> List[str]:
+    """What the tree at dest holds that the new tree (names) has not, apart from the
+    installer's own directory of an installer tree of the same architecture."""
+    old_names = tree_names(dest)
+    foreign = sorted(set(old_names) - names)
+    if foreign and arch_dir:
+        try:
+            same = find_layout(old_names, quiet=True).arch_dir == arch_dir
+        except Error:
+            same = False
+        if same:
+            foreign = [n for n in foreign if not n.startswith(arch_dir + "/")]
+    return foreign
+
+
 def check_output(
     source: Path, source_kind: str, dest: Path, names: Set[str], arch_dir: str = ""
 ) -> str:
@@ -1109,23 +584,14 @@ def check_output(
         raise Error(f"--output {dest} exists and is not a {dest_kind}")
     if not dest.parent.is_dir():
         raise Error(f"--output {dest}: {dest.parent} is not a directory")
-    if dest_kind == "tree" and is_tree:
-        # The old directory is replaced whole: only when all it holds is in the new tree.
-        old_names = tree_names(dest)
-        foreign = sorted(set(old_names) - names)
-        if foreign and arch_dir:
-            try:
-                same = find_layout(old_names, quiet=True).arch_dir == arch_dir
-            except Error:
-                same = False
-            if same:
-                foreign = [n for n in foreign if not n.startswith(arch_dir + "/")]
-        if foreign:
-            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-            raise Error(
-                f"refusing to replace {dest}: it holds {foreign[0]}{more}, which the new "
-                "tree has not; write to a new or empty directory"
-            )
+    # The old directory is replaced whole: only when all it holds is in the new tree.
+    foreign = _foreign_names(dest, names, arch_dir) if dest_kind == "tree" and is_tree else []
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise Error(
+            f"refusing to replace {dest}: it holds {foreign[0]}{more}, which the new "
+            "tree has not; write to a new or empty directory"
+        )
     return dest_kind
 
 
@@ -1166,12 +632,11 @@ def posixpath_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def run(args: argparse.Namespace) -> int:
-    # Bad options are refused before the source is read.
-    if args.console is not None:
-        parse_console(args.console)
-    _merge(args, "amd64", Settings("ttyS0", 115200, timeout=1))
-    source = Path(args.source)
+def _read_source(
+    args: argparse.Namespace, source: Path
+) -> Tuple[str, Layout, Dict[str, bytes], List[tarball.Member]]:
+    """(source kind, layout, relevant files, tarball members) of SOURCE, checked against
+    --sha256sums when given."""
     source_kind = kind_of(source)
     if args.sha256sums is not None:
         if source_kind != "tarball":
@@ -1187,19 +652,49 @@ def run(args: argparse.Namespace) -> int:
         layout, files = read_tree(source)
     else:
         layout, files, members = read_tarball(source)
-    dest = output_path(args.output)
-    if dest is not None and dest.resolve() == source.resolve():
-        dest = None
+    return source_kind, layout, files, members
+
+
+def _recorded(
+    files: Dict[str, bytes], layout: Layout, source: Path, dest: Optional[Path]
+) -> Tuple[Optional[Settings], str]:
+    """The choices an earlier run recorded, and where: in the source, else in DEST."""
     recorded = recorded_settings(files, layout)
-    recorded_in = str(source)
     if recorded is None and dest is not None and dest.is_dir() and not dest.is_symlink():
         # A newer download into a TFTP root serialized before keeps the root's choices.
         try:
             dest_layout, dest_files = read_tree(dest)
-            recorded = recorded_settings(dest_files, dest_layout)
-            recorded_in = str(dest)
+            return recorded_settings(dest_files, dest_layout), str(dest)
         except Error:
-            recorded = None
+            return None, str(source)
+    return recorded, str(source)
+
+
+def _warn_packaged(source: Path, source_kind: str, dest: Optional[Path], changes) -> None:
+    """Say that a package's upgrade undoes changes made in place to its tree."""
+    if (
+        dest is None
+        and source_kind == "tree"
+        and changes
+        and source.resolve().is_relative_to("/usr/lib/debian-installer")
+    ):
+        log.warning(
+            "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
+            source,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    # Bad options are refused before the source is read.
+    if args.console is not None:
+        parse_console(args.console)
+    _merge(args, "amd64", Settings("ttyS0", 115200, timeout=1))
+    source = Path(args.source)
+    source_kind, layout, files, members = _read_source(args, source)
+    dest = output_path(args.output)
+    if dest is not None and dest.resolve() == source.resolve():
+        dest = None
+    recorded, recorded_in = _recorded(files, layout, source, dest)
     new, kept = _merge(args, layout.arch_dir.split("/")[-1], recorded)
     dest_kind = None
     if dest is not None:
@@ -1230,26 +725,22 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if mode == "apply":
-        if (
-            dest is None
-            and source_kind == "tree"
-            and changes
-            and source.resolve().is_relative_to("/usr/lib/debian-installer")
-        ):
-            log.warning(
-                "%s belongs to a package: its next upgrade undoes these changes " "(use --output)",
-                source,
-            )
+        _warn_packaged(source, source_kind, dest, changes)
         replace = {c.path: c.new for c in changes}
         report.written = write(source, source_kind, dest, dest_kind, members, replace)
+    return _result(args, report)
+
+
+def _result(args: argparse.Namespace, report: Report) -> int:
+    """Print the report as asked; the exit status."""
     if args.json:
         emit_json(report.as_dict())
-    elif getattr(args, "verbosity", 0) >= 0 or mode == "dry-run":
+    elif getattr(args, "verbosity", 0) >= 0 or report.mode == "dry-run":
         # -q: the exit status says it all (a dry run's diff is its result, kept).
         print_report(report)
     # A file whose only difference is the settings comment (written by 0.1.0, which
     # kept it in syslinux.cfg alone) boots as asked: not a reason to alarm a monitor.
-    if mode == "check" and any(c.notes != [COMMENT_ONLY] for c in changes):
+    if report.mode == "check" and any(c.notes != [COMMENT_ONLY] for c in report.changes):
         return EXIT_ACTION
     return EXIT_OK
 

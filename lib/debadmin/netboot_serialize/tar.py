@@ -120,6 +120,73 @@ class _Tree:
         return "/".join(current)
 
 
+def _kind(info: tarfile.TarInfo) -> str:
+    """A member's kind: file, dir, symlink or hardlink; anything else is refused."""
+    if info.isdev() or info.isfifo():
+        raise Error(f"refusing tarball: device node or fifo {info.name!r}")
+    if info.isreg():
+        return "file"
+    if info.isdir():
+        return "dir"
+    if info.issym():
+        return "symlink"
+    if info.islnk():
+        return "hardlink"
+    raise Error(f"refusing tarball: unsupported member type of {info.name!r}")
+
+
+def _check_size(info: tarfile.TarInfo, total: int) -> int:
+    """The unpacked total with this member; refuse a member or total over the limits."""
+    if info.size < 0 or info.size > MAX_MEMBER_SIZE:
+        raise Error(f"refusing tarball: {info.name!r} is {info.size} bytes")
+    total += info.size
+    if total > MAX_TOTAL_SIZE:
+        raise Error(f"refusing tarball: more than {MAX_TOTAL_SIZE} bytes unpacked")
+    return total
+
+
+def _check_place(tree: _Tree, info: tarfile.TarInfo, name: str, kind: str) -> bool:
+    """Refuse a member written through a symlink, twice, or below a non-directory; False
+    for a directory the tree already has (skipped). Adds implicit parent directories."""
+    parent = posixpath.dirname(name)
+    if tree.resolve(parent) != parent:
+        raise Error(f"refusing tarball: {info.name!r} lies under a symlink or outside")
+    if name in tree.kinds:
+        if kind == "dir" and tree.kinds[name] == "dir":
+            return False
+        raise Error(f"refusing tarball: {info.name!r} appears twice")
+    if parent and tree.kinds.get(parent) != "dir":
+        # Directories may be implicit in tarballs; a file as parent is not.
+        if parent in tree.kinds:
+            raise Error(f"refusing tarball: parent of {info.name!r} is not a directory")
+        for i in range(1, len(parent.split("/")) + 1):
+            tree.kinds.setdefault("/".join(parent.split("/")[:i]), "dir")
+    return True
+
+
+def _check_link(tree: _Tree, info: tarfile.TarInfo, name: str, kind: str) -> None:
+    """A symlink must stay relative and inside the tree; a hard link must name an earlier
+    file of the tree. Records the symlink in tree."""
+    if kind == "symlink":
+        if info.linkname.startswith("/"):
+            raise Error(
+                f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} " "is absolute"
+            )
+        tree.links[name] = info.linkname
+        if tree.resolve(name) is None:
+            raise Error(
+                f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} "
+                "resolves outside the tree"
+            )
+    elif kind == "hardlink":
+        target = _normalise(info.linkname, "hard link target")
+        if tree.kinds.get(target) != "file" or tree.resolve(target) != target:
+            raise Error(
+                f"refusing tarball: hard link {info.name!r} -> "
+                f"{info.linkname!r} is not an earlier file of the tree"
+            )
+
+
 def validate(tar: tarfile.TarFile) -> List[Member]:
     """Every member checked before anything is written; raise Error on the first bad one."""
     members: List[Member] = []
@@ -129,59 +196,16 @@ def validate(tar: tarfile.TarFile) -> List[Member]:
         if count > MAX_MEMBERS:
             raise Error(f"refusing tarball: more than {MAX_MEMBERS} members")
         name = _normalise(info.name, "member name")
-        if info.isdev() or info.isfifo():
-            raise Error(f"refusing tarball: device node or fifo {info.name!r}")
-        if info.isreg():
-            kind = "file"
-        elif info.isdir():
-            kind = "dir"
-        elif info.issym():
-            kind = "symlink"
-        elif info.islnk():
-            kind = "hardlink"
-        else:
-            raise Error(f"refusing tarball: unsupported member type of {info.name!r}")
-        if info.size < 0 or info.size > MAX_MEMBER_SIZE:
-            raise Error(f"refusing tarball: {info.name!r} is {info.size} bytes")
-        total += info.size
-        if total > MAX_TOTAL_SIZE:
-            raise Error(f"refusing tarball: more than {MAX_TOTAL_SIZE} bytes unpacked")
+        kind = _kind(info)
+        total = _check_size(info, total)
         if not name:
             if kind != "dir":
                 raise Error(f"refusing tarball: member {info.name!r} would replace the top")
             continue
         # Nothing may be written through a symlink, nor may a name appear twice.
-        parent = posixpath.dirname(name)
-        if tree.resolve(parent) != parent:
-            raise Error(f"refusing tarball: {info.name!r} lies under a symlink or outside")
-        if name in tree.kinds:
-            if kind == "dir" and tree.kinds[name] == "dir":
-                continue
-            raise Error(f"refusing tarball: {info.name!r} appears twice")
-        if parent and tree.kinds.get(parent) != "dir":
-            # Directories may be implicit in tarballs; a file as parent is not.
-            if parent in tree.kinds:
-                raise Error(f"refusing tarball: parent of {info.name!r} is not a directory")
-            for i in range(1, len(parent.split("/")) + 1):
-                tree.kinds.setdefault("/".join(parent.split("/")[:i]), "dir")
-        if kind == "symlink":
-            if info.linkname.startswith("/"):
-                raise Error(
-                    f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} " "is absolute"
-                )
-            tree.links[name] = info.linkname
-            if tree.resolve(name) is None:
-                raise Error(
-                    f"refusing tarball: symlink {info.name!r} -> {info.linkname!r} "
-                    "resolves outside the tree"
-                )
-        elif kind == "hardlink":
-            target = _normalise(info.linkname, "hard link target")
-            if tree.kinds.get(target) != "file" or tree.resolve(target) != target:
-                raise Error(
-                    f"refusing tarball: hard link {info.name!r} -> "
-                    f"{info.linkname!r} is not an earlier file of the tree"
-                )
+        if not _check_place(tree, info, name, kind):
+            continue
+        _check_link(tree, info, name, kind)
         tree.kinds[name] = kind
         members.append(Member(name, info, kind))
     # A later symlink can change how an earlier one resolves: check them all again.
@@ -201,6 +225,27 @@ def _decompressor(compression: str):
     if compression == "xz":
         return lzma.LZMADecompressor(lzma.FORMAT_XZ)  # checks the stream's check field
     return bz2.BZ2Decompressor()  # checks every block's and the stream's CRC
+
+
+def _after_stream(raw: BinaryIO, rest: bytes, magic: bytes, compression: str) -> Optional[bytes]:
+    """What follows the end of a stream (rest, then raw): a concatenated stream's first
+    bytes, or None at the end of the file, only zero padding (not for bzip2) allowed."""
+    while len(rest) < len(magic):
+        more = raw.read(CHUNK)
+        if not more:
+            break
+        rest += more
+    if rest.startswith(magic):
+        return rest
+    padding = len(rest)
+    while rest:
+        if rest.strip(b"\0") or compression == "bzip2":
+            raise Damaged(f"data after the end of the {compression} stream")
+        rest = raw.read(CHUNK)
+        padding += len(rest)
+    if compression == "xz" and padding % 4:
+        raise Damaged("xz stream padding that is not a multiple of four bytes")
+    return None
 
 
 def decompressed_chunks(raw: BinaryIO, compression: str) -> Iterator[bytes]:
@@ -226,24 +271,11 @@ def decompressed_chunks(raw: BinaryIO, compression: str) -> Iterator[bytes]:
         if out:
             yield out
         if dec.eof:
-            rest = dec.unused_data
-            while len(rest) < len(magic):
-                more = raw.read(CHUNK)
-                if not more:
-                    break
-                rest += more
-            if rest.startswith(magic):
-                dec, data = _decompressor(compression), rest  # a concatenated stream
-                continue
-            padding = len(rest)
-            while rest:
-                if rest.strip(b"\0") or compression == "bzip2":
-                    raise Damaged(f"data after the end of the {compression} stream")
-                rest = raw.read(CHUNK)
-                padding += len(rest)
-            if compression == "xz" and padding % 4:
-                raise Damaged("xz stream padding that is not a multiple of four bytes")
-            return
+            following = _after_stream(raw, dec.unused_data, magic, compression)
+            if following is None:
+                return
+            dec, data = _decompressor(compression), following  # a concatenated stream
+            continue
         if needs_input:
             data = raw.read(CHUNK)
             if not data:
