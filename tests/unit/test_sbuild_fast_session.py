@@ -64,6 +64,10 @@ def fake_nsenter(tmp_path: Path) -> Path:
         (["env", "A=1", "apt-get", "install", "-y", "dpkg-buildpackage-x"], False),
         (["env", "/sbin/runuser", "-u", "u", "--", "apt-get", "source", "hello"], False),
         (["env", "sh", "-c", "echo dpkg-buildpackage"], False),
+        # any other command run as a user other than root: no network (lintian, du...)
+        (["env", "/sbin/runuser", "-u", "u", "--", "lintian", "x.changes"], True),
+        (["env", "/sbin/runuser", "-u", "root", "--", "lintian", "x.changes"], False),
+        (["env", "A=runuser", "-u", "lintian"], False),
     ],
 )
 def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offline):
@@ -82,7 +86,16 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     options, rest = out[:sep], out[sep + 1 :]
     assert options[:2] == ["-t", "4242"] and {"-U", "-m", "-p", "-r", "-w"} <= set(options)
     assert ("-n" in options) is offline
-    assert rest == command
+    # each command in a pid namespace of its own: what it leaves behind dies with it
+    assert rest == [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+        *command,
+    ]
 
 
 def test_subid_range_takes_the_first_line_by_name(tmp_path):

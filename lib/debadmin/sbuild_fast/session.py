@@ -9,7 +9,10 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 - ids as sbuild's unshare mode maps them (the first /etc/subuid and /etc/subgid line of
   the user, from 0), so the package cache is shared with that mode, file for file;
 - commands run in the host's network namespace (apt reaches the archive), except the one
-  unshare mode runs without network (dpkg-buildpackage): it enters the session's own;
+  unshare mode runs without network (dpkg-buildpackage) and the build user's others but
+  apt-get: they enter the session's own;
+- each command is pid 1 of a pid namespace of its own inside the session's, as in unshare
+  mode: what it leaves behind dies when it returns;
 - the session's init is pid 1 of its pid namespace: killing it at 'close' (or when
   sbuild, this server or init goes away) kills every process of the build;
 - the unpacked tree lives in a tmpfs mounted inside the session's mount namespace when
@@ -41,15 +44,25 @@ SBUILD_MIN = "0.85"
 # the same in 0.85, 0.89 and 0.91): the build itself.
 OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 
-# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell and
-# nsenter: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
+# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell, nsenter
+# and unshare: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
 # sbuild appends: env NAME=VALUE... [/sbin/runuser -u USER --] [sh -c 'cd DIR...'] CMD.
+# Offline (the session's network namespace, only lo): the build, as in unshare mode, and
+# every other command sbuild runs as a user other than root, but apt-get (apt-get source
+# fetches as the build user). Each command gets a pid namespace (and mount namespace, for
+# its /proc) of its own inside the session's, as in unshare mode: a process it leaves
+# behind dies when it returns, and never shares a pid namespace with a later command.
 EXEC_SCRIPT = (
-    'p=$1; shift; n=""; '
-    'for a in "$@"; do case $a in '
+    'p=$1; shift; n=""; u=""; a=""; s=0; '
+    'for x in "$@"; do case $s$x in '
+    "0runuser|0*/runuser) s=1; continue;; 1-u) s=2; continue;; 1*) s=3;; "
+    "2root) s=3; continue;; 2*) s=3; u=1; continue;; esac; "
+    "case $x in "
     + "|".join(f"{c}|*/{c}" for c in OFFLINE_COMMANDS)
-    + ") n=-n; break;; esac; done; "
-    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- "$@"'
+    + ") n=-n;; apt-get|*/apt-get) a=1;; esac; done; "
+    '[ -n "$u" ] && [ -z "$a" ] && n=-n; '
+    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- '
+    'unshare --pid --fork --kill-child --mount-proc -- "$@"'
 )
 
 # The tmpfs for the unpacked tree: only when this much memory stays available beside it
@@ -422,8 +435,14 @@ def self_test(session: "Session") -> float:
                 "the chroot has no groupadd and useradd (passwd): "
                 "run 'sbuild-fast update --recreate'"
             )
-        cost = timed_command_cost(argv)
+        # a process a command leaves behind dies with it (a pid namespace per command)
+        subprocess.run(
+            [*argv, "sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"], check=False
+        )
         init = session.init_pid
+        if Path(f"/proc/{init}/task/{init}/children").read_text().split():
+            raise Error("a process left behind by a command outlived it")
+        cost = timed_command_cost(argv)
     finally:
         session.close()
     if init and Path(f"/proc/{init}").exists():
