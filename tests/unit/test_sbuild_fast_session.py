@@ -74,6 +74,7 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     bin_dir = fake_nsenter(tmp_path)
     session = sfs.Session(Path("/nonexistent"), "u", [], tmp_path)
     session.init_pid = 4242
+    session.offline_pid = 4343
     argv = session.exec_argv()
     out = subprocess.run(
         [*argv, *command],
@@ -84,7 +85,8 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     ).stdout.splitlines()
     sep = out.index("--")
     options, rest = out[:sep], out[sep + 1 :]
-    assert options[:2] == ["-t", "4242"] and {"-U", "-m", "-p", "-r", "-w"} <= set(options)
+    assert options[:2] == ["-t", "4343" if offline else "4242"]
+    assert {"-U", "-m", "-p", "-r", "-w"} <= set(options)
     assert ("-n" in options) is offline
     # each command in a pid namespace of its own: what it leaves behind dies with it
     assert rest == [

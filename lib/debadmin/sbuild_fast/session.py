@@ -53,7 +53,7 @@ OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 # its /proc) of its own inside the session's, as in unshare mode: a process it leaves
 # behind dies when it returns, and never shares a pid namespace with a later command.
 EXEC_SCRIPT = (
-    'p=$1; shift; n=""; u=""; a=""; s=0; '
+    'p=$1 q=$2; shift 2; n=""; u=""; a=""; s=0; '
     'for x in "$@"; do case $s$x in '
     "0runuser|0*/runuser) s=1; continue;; 1-u) s=2; continue;; 1*) s=3;; "
     "2root) s=3; continue;; 2*) s=3; u=1; continue;; esac; "
@@ -61,6 +61,7 @@ EXEC_SCRIPT = (
     + "|".join(f"{c}|*/{c}" for c in OFFLINE_COMMANDS)
     + ") n=-n;; apt-get|*/apt-get) a=1;; esac; done; "
     '[ -n "$u" ] && [ -z "$a" ] && n=-n; '
+    '[ -n "$n" ] && p=$q; '
     'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- '
     'unshare --pid --fork --kill-child --mount-proc -- "$@"'
 )
@@ -75,7 +76,7 @@ TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the 
 # exec, so init keeps its capabilities there). It mounts and unpacks, chroots, reports 'ready', and
 # then only reaps orphans (pid 1 of the namespace) until it is killed.
 INIT = r"""
-import fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
+import ctypes, fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
 a = json.loads(sys.argv[1])
 os.umask(0o022)
 root = a["root"]
@@ -114,6 +115,8 @@ run("mount", "-o", "noexec,nosuid,gid=5,mode=620,ptmxmode=666", "-t", "devpts", 
 run("mount", "-t", "tmpfs", "tmpfs", root + "/dev/shm")
 os.makedirs(root + "/sys", exist_ok=True)
 run("mount", "-o", "rbind", "/sys", root + "/sys")
+# as sbuild's unshare mode (0.86 on): nothing of /sys/kernel, an empty read-only tmpfs
+run("mount", "-t", "tmpfs", "-o", "ro,nosuid,nodev,noexec,mode=0755", "none", root + "/sys/kernel")
 os.makedirs(root + "/proc", exist_ok=True)
 run("mount", "-t", "proc", "proc", root + "/proc")
 for fd, mountpoint in a["binds"]:
@@ -122,7 +125,7 @@ for fd, mountpoint in a["binds"]:
     os.close(fd)
 socket.sethostname("sbuild")
 with open(root + "/etc/hosts", "w") as f:
-    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n")
+    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n::1 localhost ip6-localhost ip6-loopback\n")
 resolv = root + "/etc/resolv.conf"
 if os.path.lexists(resolv) and not os.path.isfile(resolv):
     os.unlink(resolv)
@@ -135,6 +138,33 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
 os.chroot(root)
 os.chdir("/")
+# The offline commands' mount namespace: the session's, with an empty /etc/resolv.conf
+# (sbuild's unshare mode gives the build without network none of the host's). A child
+# keeps it; the server finds it as init's one child.
+libc = ctypes.CDLL(None, use_errno=True)
+def cmount(src, target, fstype, flags, data=None):
+    if libc.mount(src.encode(), target.encode(), fstype and fstype.encode(), flags,
+                  data and data.encode()) != 0:
+        raise OSError(ctypes.get_errno(), "mount " + target)
+ready_r, ready_w = os.pipe()
+if os.fork() == 0:
+    try:
+        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), "unshare")
+        cmount("none", "/", None, 0x4000 | 0x40000)  # MS_REC | MS_PRIVATE
+        cmount("sbuild-fast", "/mnt", "tmpfs", 0, "mode=0755,size=16k")
+        open("/mnt/resolv.conf", "w").close()
+        cmount("/mnt/resolv.conf", "/etc/resolv.conf", None, 0x1000)  # MS_BIND
+        libc.umount2(b"/mnt", 2)  # MNT_DETACH: the file stays bound
+        os.write(ready_w, b"1")
+    except OSError as exc:
+        print("offline mount namespace: %s" % exc, file=sys.stderr, flush=True)
+        os._exit(1)
+    select.select([a["alive_fd"]], [], [])
+    os._exit(0)
+os.close(ready_w)
+if os.read(ready_r, 1) != b"1":
+    sys.exit(1)
 print("ready", flush=True)
 os.close(1)
 os.open("/dev/null", os.O_WRONLY)
@@ -209,6 +239,7 @@ class Session:
         self.tmp_parent = tmp_parent
         self.proc: Optional[subprocess.Popen] = None
         self.init_pid: Optional[int] = None
+        self.offline_pid: Optional[int] = None
         self.mountpoint: Optional[Path] = None
         self.disk: Optional[str] = None
         self.errors: Optional[TextIO] = None
@@ -290,6 +321,7 @@ class Session:
                 + (" ".join(lines[-2:]) or "no reason given")
             )
         self.init_pid = self._init_pid()
+        self.offline_pid = self._offline_pid()
         # The ids sbuild's unshare mode maps: the package cache's files are theirs.
         for kind, (start, count) in (("uid", uid), ("gid", gid)):
             mapped = Path(f"/proc/{self.init_pid}/{kind}_map").read_text().split()
@@ -310,8 +342,24 @@ class Session:
             raise Error(f"the session's init is not the one child of {self.proc.pid}")
         return int(children[0])
 
+    def _offline_pid(self) -> int:
+        """The child of init that keeps the offline commands' mount namespace."""
+        assert self.init_pid
+        children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children").read_text()
+        if len(children.split()) != 1:
+            self.close()
+            raise Error("the session's offline namespace keeper is not init's one child")
+        return int(children.split()[0])
+
     def exec_argv(self) -> List[str]:
-        return ["/bin/sh", "-c", EXEC_SCRIPT, "sbuild-fast-session", str(self.init_pid)]
+        return [
+            "/bin/sh",
+            "-c",
+            EXEC_SCRIPT,
+            "sbuild-fast-session",
+            str(self.init_pid),
+            str(self.offline_pid),
+        ]
 
     def close(self) -> None:
         """Kill pid 1 of the session (the kernel then kills every process in it), wait for
@@ -330,6 +378,7 @@ class Session:
                 self.proc.stdout.close()
             self.proc = None
             self.init_pid = None
+            self.offline_pid = None
         if self.errors:
             self.errors.close()
             self.errors = None
@@ -423,6 +472,7 @@ def self_test(session: "Session") -> float:
         )
         if offline.returncode != 0 or offline.stdout.strip() != "1":
             raise Error("the session's build would not be cut off the network")
+        _check_hardening(argv)
         who = subprocess.run([*argv, "id", "-u"], capture_output=True, text=True)
         if who.stdout.strip() != "0":
             raise Error("commands in the session do not run as its root")
@@ -440,7 +490,9 @@ def self_test(session: "Session") -> float:
             [*argv, "sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"], check=False
         )
         init = session.init_pid
-        if Path(f"/proc/{init}/task/{init}/children").read_text().split():
+        if Path(f"/proc/{init}/task/{init}/children").read_text().split() != [
+            str(session.offline_pid)
+        ]:
             raise Error("a process left behind by a command outlived it")
         cost = timed_command_cost(argv)
     finally:
@@ -448,6 +500,23 @@ def self_test(session: "Session") -> float:
     if init and Path(f"/proc/{init}").exists():
         raise Error("the session's init outlived its close")
     return cost
+
+
+def _check_hardening(argv: Sequence[str]) -> None:
+    """What sbuild 0.86 and later add to unshare mode: /sys/kernel empty, ::1 in
+    /etc/hosts, no resolv.conf for the build without network."""
+    probe = (
+        "ls -A /sys/kernel | wc -l; wc -c < /etc/resolv.conf; "
+        "grep -cx '::1 localhost ip6-localhost ip6-loopback' /etc/hosts"
+    )
+    out = subprocess.run(
+        [*argv, "sh", "-c", probe, "dpkg-buildpackage"], capture_output=True, text=True
+    ).stdout.split()
+    if out != ["0", "0", "1"]:
+        raise Error(
+            "the session's build does not see what unshare mode shows it "
+            "(an empty /sys/kernel, no resolv.conf, ::1 in /etc/hosts): " + " ".join(out)
+        )
 
 
 def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
