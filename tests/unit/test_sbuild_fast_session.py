@@ -4,6 +4,7 @@ argv, the id ranges, the tmpfs decision and the sbuild block that selects it."""
 import io
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,35 @@ def test_doctor_does_not_offer_schroot_to_session_backend_users():
     }
     assert [f["code"] for f in sfd.rule_schroot_mode(facts)] == ["schroot-faster"]
     assert sfd.rule_schroot_mode(dict(facts, session_backend=True)) == []
+
+
+def test_tmpdir_under_a_private_parent_is_not_used(tmp_path, monkeypatch):
+    # pam_tmpdir and $XDG_RUNTIME_DIR: a 0700 parent the session's root cannot search
+    tmp_path.chmod(0o755)
+    private = tmp_path / "private"
+    tmpdir = private / "tmp"
+    tmpdir.mkdir(parents=True)
+    tmpdir.chmod(0o1777)
+    private.chmod(0o700)
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    assert not sfs.reachable_by_others(tmpdir)
+    assert sfs.mountpoint_parent() == Path("/tmp")
+    assert sfs.disk_parent() == Path("/var/tmp")
+
+
+def test_tmpdir_others_reach_is_used(monkeypatch):
+    # pytest's tmp_path lies under a 0700 directory: this one under /var/tmp
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as top:
+        shared = Path(top) / "shared"
+        shared.mkdir()
+        Path(top).chmod(0o755)
+        shared.chmod(0o1777)
+        monkeypatch.setenv("TMPDIR", str(shared))
+        if not sfs.reachable_by_others(shared):
+            pytest.skip("/var/tmp is not searchable by others here")
+        assert sfs.mountpoint_parent() == shared
+        assert sfs.disk_parent() == shared
+        # the user's own 0755 directory: a mount point may go there, the tree may not
+        shared.chmod(0o755)
+        assert sfs.mountpoint_parent() == shared
+        assert sfs.disk_parent() == Path("/var/tmp")

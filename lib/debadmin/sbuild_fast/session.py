@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -280,7 +281,7 @@ class Session:
             args = {
                 "root": str(self.mountpoint),
                 "tmpfs": tmpfs,
-                "disk_parent": os.environ.get("TMPDIR") or "/var/tmp",
+                "disk_parent": str(disk_parent()),
                 "binds": bind_args,
                 "tar_fd": tar_fd,
                 "resolv": resolv,
@@ -495,6 +496,8 @@ def self_test(session: "Session") -> float:
         ]:
             raise Error("a process left behind by a command outlived it")
         cost = timed_command_cost(argv)
+        # the tree goes on disk where memory is short at a build: that must work too
+        check_disk_parent(disk_parent())
     finally:
         session.close()
     if init and Path(f"/proc/{init}").exists():
@@ -525,13 +528,68 @@ def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
     return []
 
 
+def reachable_by_others(path: Path) -> bool:
+    """Whether every directory from / to path lets others search it: the session's root
+    is a subordinate id, an other to every directory of the host (pam_tmpdir's and
+    $XDG_RUNTIME_DIR's parents are 0700)."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    for directory in (real, *real.parents):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or not info.st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _tmpdir_candidates(fallback: str) -> List[Path]:
+    return [Path(c) for c in (os.environ.get("TMPDIR"), fallback) if c]
+
+
 def mountpoint_parent() -> Path:
-    """Where the mount point of a session goes: TMPDIR, else /tmp (the session's root, a
-    subordinate id, must search it: not $XDG_RUNTIME_DIR, which is 0700)."""
-    for candidate in (os.environ.get("TMPDIR"), "/tmp"):
-        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
-            return Path(candidate)
+    """Where the mount point of a session goes (made by this server, mounted on by the
+    session's root): TMPDIR where the session's root can reach it, else /tmp."""
+    for candidate in _tmpdir_candidates("/tmp"):
+        if reachable_by_others(candidate) and os.access(candidate, os.W_OK):
+            return candidate
     return Path("/tmp")
+
+
+def disk_parent() -> Path:
+    """Where the on-disk tree goes (made by the session's root): TMPDIR where others may
+    reach it and write to it (sticky, as /var/tmp), else /var/tmp."""
+    for candidate in _tmpdir_candidates("/var/tmp"):
+        if reachable_by_others(candidate):
+            mode = os.stat(candidate).st_mode
+            if mode & stat.S_IWOTH and mode & stat.S_ISVTX:
+                return candidate
+    return Path("/var/tmp")
+
+
+def check_disk_parent(parent: Path) -> None:
+    """Make and remove a directory in parent as the session's root does for an on-disk
+    tree: one clear error where that fails, rather than a failed build later."""
+    probe = subprocess.run(
+        [
+            *unshare_argv(),
+            "sh",
+            "-c",
+            'd=$(mktemp -d -p "$1" sbuild-fast-probe.XXXXXX) && rmdir "$d"',
+            "sh",
+            str(parent),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        raise Error(
+            f"the session's root cannot make its on-disk tree in {parent}: "
+            + (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+        )
 
 
 __all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil"]
