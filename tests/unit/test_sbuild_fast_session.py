@@ -244,3 +244,23 @@ def test_tmpdir_others_reach_is_used(monkeypatch):
         shared.chmod(0o755)
         assert sfs.mountpoint_parent() == shared
         assert sfs.disk_parent() == Path("/var/tmp")
+
+
+def test_tmpfs_size_is_bounded_and_configurable(monkeypatch):
+    total = 16 << 30
+    monkeypatch.delenv(sfs.TMPFS_SIZE_VAR, raising=False)
+    assert sfs.tmpfs_size(total) == 4 << 30  # a quarter of RAM by default
+    assert sfs.tmpfs_size(total, "50%") == 8 << 30
+    assert sfs.tmpfs_size(total, "6G") == 6 << 30
+    assert sfs.tmpfs_size(total, "512M") == 512 << 20
+    assert sfs.tmpfs_size(total, "0") == 0
+    monkeypatch.setenv(sfs.TMPFS_SIZE_VAR, "2g")
+    assert sfs.tmpfs_size(total) == 2 << 30
+    for bad in ("lots", "-1G", "150%"):
+        with pytest.raises(Error, match=sfs.TMPFS_SIZE_VAR):
+            sfs.tmpfs_size(total, bad)
+    # the tree goes on disk where the bound leaves no room for the build beside it
+    tree = 500 << 20
+    assert sfs.use_tmpfs(tree, 8 << 30, 2 << 30)
+    assert not sfs.use_tmpfs(tree, 8 << 30, 1 << 30)
+    assert not sfs.use_tmpfs(tree, 8 << 30, 0)

@@ -71,6 +71,9 @@ EXEC_SCRIPT = (
 # (the build's own files come on top of the chroot's).
 TMPFS_RESERVE = 2 << 30
 TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the .debs
+# The tmpfs's size= (a bound: two builds must not pin all memory), from the environment
+# sbuild passes on to its virt server.
+TMPFS_SIZE_VAR = "SBUILD_FAST_SESSION_TMPFS_SIZE"
 
 # The session's init: runs inside the namespaces (python3 -c INIT json-args), as their
 # root (unshare --map-auto maps the first subordinate range from 0 and sets uid 0 before
@@ -84,7 +87,8 @@ root = a["root"]
 def run(*argv, **kw):
     subprocess.run(argv, check=True, **kw)
 if a["tmpfs"]:
-    run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid", "sbuild-fast", root)
+    run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,size=%d" % a["tmpfs_size"],
+        "sbuild-fast", root)
 else:
     disk = tempfile.mkdtemp(prefix="sbuild-fast-session.", dir=a["disk_parent"])
     os.chmod(disk, 0o755)
@@ -200,20 +204,45 @@ def subid_range(kind: str, user: str, root: Path = Path("/")) -> Tuple[int, int]
     raise Error(f"no subordinate ids for {user} in /etc/{kind}")
 
 
-def mem_available(root: Path = Path("/")) -> int:
-    """MemAvailable from /proc/meminfo in bytes (0 when unknown)."""
+def meminfo(field: str, root: Path = Path("/")) -> int:
+    """A field of /proc/meminfo in bytes (0 when unknown)."""
     try:
         for line in (root / "proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
 
 
-def use_tmpfs(tree_size: int, available: int) -> bool:
-    """Whether the unpacked tree goes to a tmpfs: with room for the build beside it."""
-    return available >= tree_size * TMPFS_FACTOR + TMPFS_RESERVE
+def mem_available(root: Path = Path("/")) -> int:
+    """MemAvailable from /proc/meminfo in bytes (0 when unknown)."""
+    return meminfo("MemAvailable", root)
+
+
+def tmpfs_size(total: int, setting: Optional[str] = None) -> int:
+    """The session tmpfs's size= in bytes: TMPFS_SIZE_VAR (bytes, with K, M or G, or a
+    percentage of RAM; 0: never a tmpfs), else a quarter of RAM, so that two builds
+    at once leave half of it."""
+    value = (os.environ.get(TMPFS_SIZE_VAR, "") if setting is None else setting).strip()
+    if not value:
+        return total // 4
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "%": 0}
+    number, unit = (value[:-1], value[-1].lower()) if value[-1].lower() in units else (value, "")
+    try:
+        amount = int(number)
+    except ValueError:
+        raise Error(f"{TMPFS_SIZE_VAR}={value}: not a size (such as 4G or 25%)") from None
+    if amount < 0 or (unit == "%" and amount > 100):
+        raise Error(f"{TMPFS_SIZE_VAR}={value}: not a size (such as 4G or 25%)")
+    return total * amount // 100 if unit == "%" else amount * units.get(unit, 1)
+
+
+def use_tmpfs(tree_size: int, available: int, size: Optional[int] = None) -> bool:
+    """Whether the unpacked tree goes to a tmpfs: with room for the build beside it, in
+    memory and in the tmpfs's size."""
+    needed = tree_size * TMPFS_FACTOR
+    return available >= needed + TMPFS_RESERVE and (size is None or size >= needed)
 
 
 def encode_argv(argv: Sequence[str]) -> str:
@@ -269,7 +298,8 @@ class Session:
                 resolv = Path("/etc/resolv.conf").read_text()
             except OSError:
                 resolv = "nameserver 127.0.0.53\n"  # systemd-resolved, as sbuild does
-            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available())
+            size = tmpfs_size(meminfo("MemTotal"))
+            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available(), size)
             # sbuild's log says where the chroot comes from, as in unshare mode
             if self.announce:
                 print(
@@ -281,6 +311,7 @@ class Session:
             args = {
                 "root": str(self.mountpoint),
                 "tmpfs": tmpfs,
+                "tmpfs_size": size,
                 "disk_parent": str(disk_parent()),
                 "binds": bind_args,
                 "tar_fd": tar_fd,
