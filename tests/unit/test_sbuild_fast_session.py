@@ -5,6 +5,7 @@ import io
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,32 @@ def test_tmpfs_size_is_bounded_and_configurable(monkeypatch):
     assert sfs.use_tmpfs(tree, 8 << 30, 2 << 30)
     assert not sfs.use_tmpfs(tree, 8 << 30, 1 << 30)
     assert not sfs.use_tmpfs(tree, 8 << 30, 0)
+
+
+def test_handshake_has_a_deadline():
+    # an init that never answers (a session that cannot start): one error, no hang
+    proc = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE)
+    try:
+        start = time.monotonic()
+        with pytest.raises(Error, match=r"did not start within 0.3 s"):
+            sfs.read_handshake(proc.stdout.fileno(), 0.3, lambda path: None)
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_handshake_reads_disk_then_ready():
+    disks = []
+    out = subprocess.Popen(["printf", "disk /var/tmp/x\\nready\\n"], stdout=subprocess.PIPE)
+    assert sfs.read_handshake(out.stdout.fileno(), 5, disks.append)
+    assert disks == ["/var/tmp/x"]
+    out.wait()
+    out.stdout.close()
+    # init's end of file (it failed) or another line: not ready
+    for text in ("", "oops\\n"):
+        out = subprocess.Popen(["printf", text], stdout=subprocess.PIPE)
+        assert not sfs.read_handshake(out.stdout.fileno(), 5, disks.append)
+        out.wait()
+        out.stdout.close()

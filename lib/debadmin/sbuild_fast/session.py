@@ -22,6 +22,7 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import stat
@@ -31,7 +32,7 @@ import tempfile
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
 
@@ -70,6 +71,9 @@ EXEC_SCRIPT = (
 # The tmpfs for the unpacked tree: only when this much memory stays available beside it
 # (the build's own files come on top of the chroot's).
 TMPFS_RESERVE = 2 << 30
+# How long init may take to unpack the tree and say 'ready' (a loaded machine, a slow
+# disk): past it the session fails with one line rather than hanging sbuild.
+HANDSHAKE_TIMEOUT = 600.0
 TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the .debs
 # The tmpfs's size= (a bound: two builds must not pin all memory), from the environment
 # sbuild passes on to its virt server.
@@ -188,6 +192,28 @@ while not alive.poll(1000):
 """
 
 
+def read_handshake(fd: int, timeout: float, on_disk: Callable[[str], None]) -> bool:
+    """init's lines until 'ready' (on_disk gets the on-disk tree it announces): whether
+    it said ready before another line or its end of file; an Error when it says neither
+    within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            text = line.decode("utf-8", "replace").strip()
+            if not text.startswith("disk "):
+                return text == "ready"
+            on_disk(text[5:])
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise Error(f"did not start within {timeout:g} s")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return False
+        buffer += chunk
+
+
 def subid_range(kind: str, user: str, root: Path = Path("/")) -> Tuple[int, int]:
     """The first line of /etc/subuid or /etc/subgid for user, as sbuild reads it."""
     try:
@@ -274,23 +300,56 @@ class Session:
         self.disk: Optional[str] = None
         self.errors: Optional[TextIO] = None
         self.announce = True  # a line on stderr (sbuild's log) when it unpacks
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
         self.alive_w: Optional[int] = None
 
     def open(self) -> str:
         uid = subid_range("subuid", self.user)
         gid = subid_range("subgid", self.user)
+        self._start()
+        assert self.proc and self.proc.stdout and self.errors
+        try:
+            ready = read_handshake(
+                self.proc.stdout.fileno(), self.handshake_timeout, self._note_disk
+            )
+        except Error as exc:
+            self.close()
+            raise Error(f"the session for {self.tarball} {exc}") from None
+        if not ready:
+            self.errors.seek(0)
+            lines = [ln.strip() for ln in self.errors.read().splitlines() if ln.strip()]
+            self.close()
+            raise Error(
+                f"the session for {self.tarball} did not start: "
+                + (" ".join(lines[-2:]) or "no reason given")
+            )
+        self.init_pid = self._init_pid()
+        self.offline_pid = self._offline_pid()
+        self._check_maps(uid, gid)
+        return str(self.mountpoint)
+
+    def _note_disk(self, path: str) -> None:
+        self.disk = path
+
+    def _open_fds(self, fds: List[int]) -> Tuple[int, List[Tuple[int, str]]]:
+        """The tarball's and the bind mounts' sources' descriptors (added to fds)."""
+        try:
+            tar_fd = os.open(self.tarball, os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(tar_fd)
+            bind_args = []
+            for source, mountpoint in self.binds:
+                fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fds.append(fd)
+                bind_args.append((fd, mountpoint))
+        except OSError as exc:
+            raise Error(f"cannot open {exc.filename}: {exc.strerror}") from None
+        return tar_fd, bind_args
+
+    def _start(self) -> None:
+        """Start unshare and init (which unpacks the tree), with what init needs."""
         fds: List[int] = []
         try:
-            try:
-                tar_fd = os.open(self.tarball, os.O_RDONLY | os.O_CLOEXEC)
-                fds.append(tar_fd)
-                bind_args = []
-                for source, mountpoint in self.binds:
-                    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                    fds.append(fd)
-                    bind_args.append((fd, mountpoint))
-            except OSError as exc:
-                raise Error(f"cannot open {exc.filename}: {exc.strerror}") from None
+            tar_fd, bind_args = self._open_fds(fds)
             self.mountpoint = Path(tempfile.mkdtemp(prefix="sbuild-fast.", dir=self.tmp_parent))
             # the namespace's root (a subordinate id) must reach it to mount on it
             os.chmod(self.mountpoint, 0o755)
@@ -333,28 +392,13 @@ class Session:
                 stderr=self.errors,
                 pass_fds=fds,
                 preexec_fn=_die_with_parent,
-                text=True,
             )
         finally:
             for fd in fds:
                 os.close(fd)
-        assert self.proc.stdout
-        while True:
-            line = self.proc.stdout.readline()
-            if not line.startswith("disk "):
-                break
-            self.disk = line[5:].strip()
-        if line.strip() != "ready":
-            self.errors.seek(0)
-            lines = [ln.strip() for ln in self.errors.read().splitlines() if ln.strip()]
-            self.close()
-            raise Error(
-                f"the session for {self.tarball} did not start: "
-                + (" ".join(lines[-2:]) or "no reason given")
-            )
-        self.init_pid = self._init_pid()
-        self.offline_pid = self._offline_pid()
-        # The ids sbuild's unshare mode maps: the package cache's files are theirs.
+
+    def _check_maps(self, uid: Tuple[int, int], gid: Tuple[int, int]) -> None:
+        """The ids sbuild's unshare mode maps: the package cache's files are theirs."""
         for kind, (start, count) in (("uid", uid), ("gid", gid)):
             mapped = Path(f"/proc/{self.init_pid}/{kind}_map").read_text().split()
             if mapped != ["0", str(start), str(count)]:
@@ -363,7 +407,6 @@ class Session:
                     f"unshare --map-auto mapped {' '.join(mapped)}, not 0 {start} {count} "
                     f"as sbuild's unshare mode does (first /etc/sub{kind} line of {self.user})"
                 )
-        return str(self.mountpoint)
 
     def _init_pid(self) -> int:
         assert self.proc
