@@ -4,6 +4,8 @@ argv, the id ranges, the tmpfs decision and the sbuild block that selects it."""
 import io
 import re
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -64,12 +66,17 @@ def fake_nsenter(tmp_path: Path) -> Path:
         (["env", "A=1", "apt-get", "install", "-y", "dpkg-buildpackage-x"], False),
         (["env", "/sbin/runuser", "-u", "u", "--", "apt-get", "source", "hello"], False),
         (["env", "sh", "-c", "echo dpkg-buildpackage"], False),
+        # any other command run as a user other than root: no network (lintian, du...)
+        (["env", "/sbin/runuser", "-u", "u", "--", "lintian", "x.changes"], True),
+        (["env", "/sbin/runuser", "-u", "root", "--", "lintian", "x.changes"], False),
+        (["env", "A=runuser", "-u", "lintian"], False),
     ],
 )
 def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offline):
     bin_dir = fake_nsenter(tmp_path)
     session = sfs.Session(Path("/nonexistent"), "u", [], tmp_path)
     session.init_pid = 4242
+    session.offline_pid = 4343
     argv = session.exec_argv()
     out = subprocess.run(
         [*argv, *command],
@@ -80,9 +87,19 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     ).stdout.splitlines()
     sep = out.index("--")
     options, rest = out[:sep], out[sep + 1 :]
-    assert options[:2] == ["-t", "4242"] and {"-U", "-m", "-p", "-r", "-w"} <= set(options)
+    assert options[:2] == ["-t", "4343" if offline else "4242"]
+    assert {"-U", "-m", "-p", "-r", "-w"} <= set(options)
     assert ("-n" in options) is offline
-    assert rest == command
+    # each command in a pid namespace of its own: what it leaves behind dies with it
+    assert rest == [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+        *command,
+    ]
 
 
 def test_subid_range_takes_the_first_line_by_name(tmp_path):
@@ -196,3 +213,84 @@ def test_doctor_does_not_offer_schroot_to_session_backend_users():
     }
     assert [f["code"] for f in sfd.rule_schroot_mode(facts)] == ["schroot-faster"]
     assert sfd.rule_schroot_mode(dict(facts, session_backend=True)) == []
+
+
+def test_tmpdir_under_a_private_parent_is_not_used(tmp_path, monkeypatch):
+    # pam_tmpdir and $XDG_RUNTIME_DIR: a 0700 parent the session's root cannot search
+    tmp_path.chmod(0o755)
+    private = tmp_path / "private"
+    tmpdir = private / "tmp"
+    tmpdir.mkdir(parents=True)
+    tmpdir.chmod(0o1777)
+    private.chmod(0o700)
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    assert not sfs.reachable_by_others(tmpdir)
+    assert sfs.mountpoint_parent() == Path("/tmp")
+    assert sfs.disk_parent() == Path("/var/tmp")
+
+
+def test_tmpdir_others_reach_is_used(monkeypatch):
+    # pytest's tmp_path lies under a 0700 directory: this one under /var/tmp
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as top:
+        shared = Path(top) / "shared"
+        shared.mkdir()
+        Path(top).chmod(0o755)
+        shared.chmod(0o1777)
+        monkeypatch.setenv("TMPDIR", str(shared))
+        if not sfs.reachable_by_others(shared):
+            pytest.skip("/var/tmp is not searchable by others here")
+        assert sfs.mountpoint_parent() == shared
+        assert sfs.disk_parent() == shared
+        # the user's own 0755 directory: a mount point may go there, the tree may not
+        shared.chmod(0o755)
+        assert sfs.mountpoint_parent() == shared
+        assert sfs.disk_parent() == Path("/var/tmp")
+
+
+def test_tmpfs_size_is_bounded_and_configurable(monkeypatch):
+    total = 16 << 30
+    monkeypatch.delenv(sfs.TMPFS_SIZE_VAR, raising=False)
+    assert sfs.tmpfs_size(total) == 4 << 30  # a quarter of RAM by default
+    assert sfs.tmpfs_size(total, "50%") == 8 << 30
+    assert sfs.tmpfs_size(total, "6G") == 6 << 30
+    assert sfs.tmpfs_size(total, "512M") == 512 << 20
+    assert sfs.tmpfs_size(total, "0") == 0
+    monkeypatch.setenv(sfs.TMPFS_SIZE_VAR, "2g")
+    assert sfs.tmpfs_size(total) == 2 << 30
+    for bad in ("lots", "-1G", "150%"):
+        with pytest.raises(Error, match=sfs.TMPFS_SIZE_VAR):
+            sfs.tmpfs_size(total, bad)
+    # the tree goes on disk where the bound leaves no room for the build beside it
+    tree = 500 << 20
+    assert sfs.use_tmpfs(tree, 8 << 30, 2 << 30)
+    assert not sfs.use_tmpfs(tree, 8 << 30, 1 << 30)
+    assert not sfs.use_tmpfs(tree, 8 << 30, 0)
+
+
+def test_handshake_has_a_deadline():
+    # an init that never answers (a session that cannot start): one error, no hang
+    proc = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE)
+    try:
+        start = time.monotonic()
+        with pytest.raises(Error, match=r"did not start within 0.3 s"):
+            sfs.read_handshake(proc.stdout.fileno(), 0.3, lambda path: None)
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_handshake_reads_disk_then_ready():
+    disks = []
+    out = subprocess.Popen(["printf", "disk /var/tmp/x\\nready\\n"], stdout=subprocess.PIPE)
+    assert sfs.read_handshake(out.stdout.fileno(), 5, disks.append)
+    assert disks == ["/var/tmp/x"]
+    out.wait()
+    out.stdout.close()
+    # init's end of file (it failed) or another line: not ready
+    for text in ("", "oops\\n"):
+        out = subprocess.Popen(["printf", text], stdout=subprocess.PIPE)
+        assert not sfs.read_handshake(out.stdout.fileno(), 5, disks.append)
+        out.wait()
+        out.stdout.close()

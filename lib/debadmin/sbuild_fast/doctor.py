@@ -102,6 +102,46 @@ def subid_advice(path: Path, kind: str, user: str) -> str:
 APT_GET_UNDER_EATMYDATA = r"^exec (\S*/flock .*)?/usr/bin/eatmydata /usr/bin/apt-get "
 
 
+# Members whose presence alone is a fact of the chroot.
+PRESENT_MEMBERS = {
+    "./usr/bin/dh": "debhelper",
+    "./bin/dh": "debhelper",
+    "./usr/bin/fakeroot": "fakeroot",
+    "./usr/bin/fakeroot-sysv": "fakeroot",
+    "./usr/bin/lintian": "lintian",
+    "./usr/bin/eatmydata": "eatmydata",
+    "./var/lib/man-db/auto-update": "mandb_auto_update",
+    "." + sbs.MARKER: "marker",
+}
+
+
+def _member_text(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> str:
+    handle = tar.extractfile(member)
+    return handle.read(limit).decode("utf-8", "replace") if handle else ""
+
+
+def _content_facts(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> Dict[str, bool]:
+    """The facts a member's content (or link target) tells: eatmydata wired into dpkg and
+    apt, docs excluded."""
+    if name == "." + sbs.EATMYDATA_DIR + "/dpkg":
+        return {"eatmydata_dpkg": member.issym() and member.linkname.endswith("/eatmydata")}
+    if not member.isfile():
+        return {}
+    if name == "./" + sbs.EATMYDATA_APT_CONF.lstrip("/"):
+        text = _member_text(tar, member, 4096)
+        return {"apt_uses_eatmydata": f'"{sbs.EATMYDATA_DIR}/dpkg"' in text}
+    if name == f".{sbs.APT_WRAPPER_DIR}/apt-get":
+        text = _member_text(tar, member, 4096)
+        return {
+            "apt_under_eatmydata": sbs.APT_WRAPPER_TAG in text
+            and bool(re.search(APT_GET_UNDER_EATMYDATA, text, re.M))
+        }
+    if name == "./etc/dpkg/dpkg.cfg.d/99mmdebstrap":
+        text = _member_text(tar, member, 65536)
+        return {"docs_excluded": "path-exclude=/usr/share/doc/*" in text}
+    return {}
+
+
 def inspect_tarball(path: Path) -> Dict[str, bool]:
     """What the chroot really holds: debhelper, eatmydata wired into apt, man-db off."""
     found = {
@@ -117,43 +157,16 @@ def inspect_tarball(path: Path) -> Dict[str, bool]:
         "docs_excluded": False,
         "apt_lists": False,
     }
-    wanted = "./" + sbs.EATMYDATA_APT_CONF.lstrip("/")
     try:
         with tarfile.open(path, "r|*") as tar:
             for member in tar:
                 name = member.name if member.name.startswith("./") else "./" + member.name
-                if name in ("./usr/bin/dh", "./bin/dh"):
-                    found["debhelper"] = True
-                elif name in ("./usr/bin/fakeroot", "./usr/bin/fakeroot-sysv"):
-                    found["fakeroot"] = True
-                elif name == "./usr/bin/lintian":
-                    found["lintian"] = True
-                elif name == "./usr/bin/eatmydata":
-                    found["eatmydata"] = True
-                elif name == "." + sbs.EATMYDATA_DIR + "/dpkg":
-                    found["eatmydata_dpkg"] = member.issym() and member.linkname.endswith(
-                        "/eatmydata"
-                    )
-                elif name == wanted and member.isfile():
-                    handle = tar.extractfile(member)
-                    text = handle.read(4096).decode("utf-8", "replace") if handle else ""
-                    found["apt_uses_eatmydata"] = f'"{sbs.EATMYDATA_DIR}/dpkg"' in text
-                elif name == f".{sbs.APT_WRAPPER_DIR}/apt-get" and member.isfile():
-                    handle = tar.extractfile(member)
-                    text = handle.read(4096).decode("utf-8", "replace") if handle else ""
-                    found["apt_under_eatmydata"] = sbs.APT_WRAPPER_TAG in text and bool(
-                        re.search(APT_GET_UNDER_EATMYDATA, text, re.M)
-                    )
-                elif name == "./var/lib/man-db/auto-update":
-                    found["mandb_auto_update"] = True
-                elif name == "." + sbs.MARKER:
-                    found["marker"] = True
-                elif name == "./etc/dpkg/dpkg.cfg.d/99mmdebstrap" and member.isfile():
-                    handle = tar.extractfile(member)
-                    text = handle.read(65536).decode("utf-8", "replace") if handle else ""
-                    found["docs_excluded"] = "path-exclude=/usr/share/doc/*" in text
+                if name in PRESENT_MEMBERS:
+                    found[PRESENT_MEMBERS[name]] = True
                 elif name.startswith("./var/lib/apt/lists/") and name.endswith("_Packages"):
                     found["apt_lists"] = True
+                else:
+                    found.update(_content_facts(tar, member, name))
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise Error(f"cannot read {path}: {exc}") from None
     return found
@@ -290,49 +303,83 @@ def gather_facts(
     }
     # A user with no chroot yet is about to make one in unshare mode, the default.
     if facts["unshare_used"] or (not states and uid != 0):
-        facts["subid_advice"] = {}
-        for kind in ("subuid", "subgid"):
-            path = root / "etc" / kind
-            facts[kind] = read_subids(path, facts["user"])
-            facts["subid_advice"][kind] = subid_advice(path, kind, facts["user"])
-    max_age = sbs.auto_create_max_age(config, sbuild_ver)
-    facts["auto_create_trap"] = max_age is not None
-    facts["auto_create_max_age"] = max_age
-    facts["auto_create_keeps_tarball"] = config.get(
-        "unshare_mmdebstrap_keep_tarball", ""
-    ).strip() not in ("", "0")
+        facts.update(_subid_facts(root, facts["user"]))
+    facts.update(_auto_create_facts(config, sbuild_ver))
     names = sbs.schroot_names(root) if any(s["mode"] == "schroot" for s in states) else {}
     facts["chroots"] = [_chroot_facts(s, facts, cache_dir, root, inspect, names) for s in states]
-    facts["filesystems"] = []
-    for role, directory in _checked_dirs(facts, states, build_dirs, root):
-        fstype, options = fs_probe(directory)
-        entry = {"role": role, "path": str(directory), "fstype": fstype, "options": options}
-        if fstype == "btrfs":
-            entry["zstd_level"] = zstd_level(options)
-            entry["compression_property"] = btrfs_probe(directory)
-        facts["filesystems"].append(entry)
+    facts["filesystems"] = [
+        _filesystem_facts(role, directory, fs_probe, btrfs_probe)
+        for role, directory in _checked_dirs(facts, states, build_dirs, root)
+    ]
     facts["tmpfs_unpack_template"] = sbs.tmpfs_unpack_template(root, fs_probe)
     fits, why = sbs.tmpfs_overlay_fit(root, fs_probe)
     facts["tmpfs_overlay"] = {"fits": fits, "reason": why}
     facts["schroot_installed"] = (root / "usr/bin/schroot").exists()
     facts["caches"] = list(caches or [])
-    facts["command_cost"] = {}
-    if cost_probe:
-        if facts["unshare_used"]:
-            facts["command_cost"]["unshare"] = cost_probe("unshare", None)
-            # Only where plain builds use it (it is opt-in): starting a session on a chroot
-            # that cannot hold one has been seen to hang (an autopkgtest testbed without
-            # subordinate ids), and doctor must answer.
-            for chroot in facts["chroots"] if facts.get("session_backend") else []:
-                if chroot["mode"] == "unshare" and chroot["present"]:
-                    facts["command_cost"]["session"] = cost_probe("session", chroot["name"])
-                    break
-        for chroot in facts["chroots"]:
-            if chroot["mode"] == "schroot" and chroot["present"]:
-                cost = cost_probe("schroot", f"{chroot['name']}-sbuild-fast")
-                facts["command_cost"]["schroot"] = cost
-                break
+    facts["command_cost"] = _command_costs(facts, cost_probe) if cost_probe else {}
     return facts
+
+
+def _subid_facts(root: Path, user: str) -> Facts:
+    """The user's subordinate ids, and advice on them, as unshare mode needs them."""
+    facts: Facts = {"subid_advice": {}}
+    for kind in ("subuid", "subgid"):
+        path = root / "etc" / kind
+        facts[kind] = read_subids(path, user)
+        facts["subid_advice"][kind] = subid_advice(path, kind, user)
+    return facts
+
+
+def _auto_create_facts(config: Dict[str, str], sbuild_ver: Optional[str]) -> Facts:
+    """sbuild's mmdebstrap auto-create: whether it would replace an old tarball."""
+    max_age = sbs.auto_create_max_age(config, sbuild_ver)
+    return {
+        "auto_create_trap": max_age is not None,
+        "auto_create_max_age": max_age,
+        "auto_create_keeps_tarball": config.get("unshare_mmdebstrap_keep_tarball", "").strip()
+        not in ("", "0"),
+    }
+
+
+def _filesystem_facts(
+    role: str,
+    directory: Path,
+    fs_probe: Callable[[Path], Tuple[Optional[str], str]],
+    btrfs_probe: Callable[[Path], Optional[str]],
+) -> Dict:
+    """One checked directory's filesystem, with btrfs's compression where it is btrfs."""
+    fstype, options = fs_probe(directory)
+    entry = {"role": role, "path": str(directory), "fstype": fstype, "options": options}
+    if fstype == "btrfs":
+        entry["zstd_level"] = zstd_level(options)
+        entry["compression_property"] = btrfs_probe(directory)
+    return entry
+
+
+def _first_present(facts: Facts, mode: str) -> Optional[Dict]:
+    for chroot in facts["chroots"]:
+        if chroot["mode"] == mode and chroot["present"]:
+            return chroot
+    return None
+
+
+def _command_costs(
+    facts: Facts, cost_probe: Callable[[str, Optional[str]], Optional[float]]
+) -> Dict[str, Optional[float]]:
+    """Seconds per command in the chroot, by the modes in use."""
+    costs: Dict[str, Optional[float]] = {}
+    if facts["unshare_used"]:
+        costs["unshare"] = cost_probe("unshare", None)
+        # Only where plain builds use it (it is opt-in): starting a session on a chroot
+        # that cannot hold one has been seen to hang (an autopkgtest testbed without
+        # subordinate ids), and doctor must answer.
+        chroot = _first_present(facts, "unshare") if facts.get("session_backend") else None
+        if chroot:
+            costs["session"] = cost_probe("session", chroot["name"])
+    chroot = _first_present(facts, "schroot")
+    if chroot:
+        costs["schroot"] = cost_probe("schroot", f"{chroot['name']}-sbuild-fast")
+    return costs
 
 
 def command_cost(mode: str, chroot: Optional[str]) -> Optional[float]:

@@ -535,20 +535,7 @@ def create_unshare(
     name = recipe["name"]
     target = cache_dir / f"{name}.tar"
     state_dir = cache_dir / sbs.STATE_SUBDIR
-    others = sbs.conflicting_files(cache_dir, name, target.name)
-    if others:
-        raise Error(
-            f"{cache_dir / others[0]} would compete with {target.name} in sbuild's "
-            "lookup: remove it first"
-        )
-    for shadow in sbs.shadowing_names(recipe["dist"], recipe["arch"]):
-        for found in sbs.matching_files(cache_dir, shadow):
-            log.warning(
-                "%s is found before %s by 'sbuild -d %s'",
-                cache_dir / found,
-                target.name,
-                recipe["dist"],
-            )
+    check_tarball_name(recipe, cache_dir, target)
     source = target if refresh and target.is_file() else None
     argv = chroot_argv(recipe, source, str(state_dir / "tmp.XXXXXXXXXX" / target.name), "unshare")
     if dry_run:
@@ -572,21 +559,7 @@ def create_unshare(
                 return {"name": name, "path": str(target), "changed": False, "removed": True}
             if recipe.get("cache"):  # the record as it is now decides (update)
                 unshare_cache_plan()
-        remove_stale_scratch(state_dir)
-        with scratch_dir(state_dir) as scratch:
-            output = scratch / target.name
-            source = target if refresh and target.is_file() else None
-            if refresh and source is None:
-                log.info("%s is missing: creating it from the archive", target)
-            argv = chroot_argv(recipe, source, str(output), "unshare")
-            run_mmdebstrap(argv)
-            if not output.is_file() or output.stat().st_size == 0:
-                raise Error("mmdebstrap wrote no tarball")
-            os.chmod(output, 0o644)
-            fsutil.fsync_path(output)
-            # rename(2): a build streaming the old tarball keeps reading the old inode.
-            os.replace(output, target)
-            fsutil.fsync_dir(cache_dir)
+        argv = build_unshare_tarball(recipe, state_dir, target, refresh)
         state = dict(recipe, path=str(target), created=int(time.time()), version=__version__)
         sbs.write_state(state_dir, state)
     if recipe.get("cache"):
@@ -596,6 +569,46 @@ def create_unshare(
             raise Error(f"no subordinate uids for {user} in /etc/subuid: sbuild cannot run")
         sbs.ensure_cache_dir(sbs.package_cache_dir("unshare"), writer)
     return {"name": name, "path": str(target), "changed": True, "command": argv}
+
+
+def check_tarball_name(recipe: Dict, cache_dir: Path, target: Path) -> None:
+    """Refuse a file that would compete with the tarball in sbuild's lookup; warn about
+    one sbuild finds before it."""
+    others = sbs.conflicting_files(cache_dir, recipe["name"], target.name)
+    if others:
+        raise Error(
+            f"{cache_dir / others[0]} would compete with {target.name} in sbuild's "
+            "lookup: remove it first"
+        )
+    for shadow in sbs.shadowing_names(recipe["dist"], recipe["arch"]):
+        for found in sbs.matching_files(cache_dir, shadow):
+            log.warning(
+                "%s is found before %s by 'sbuild -d %s'",
+                cache_dir / found,
+                target.name,
+                recipe["dist"],
+            )
+
+
+def build_unshare_tarball(recipe: Dict, state_dir: Path, target: Path, refresh: bool) -> List[str]:
+    """mmdebstrap into a scratch directory, then rename into place (under the caller's
+    lock); the mmdebstrap argv."""
+    remove_stale_scratch(state_dir)
+    with scratch_dir(state_dir) as scratch:
+        output = scratch / target.name
+        source = target if refresh and target.is_file() else None
+        if refresh and source is None:
+            log.info("%s is missing: creating it from the archive", target)
+        argv = chroot_argv(recipe, source, str(output), "unshare")
+        run_mmdebstrap(argv)
+        if not output.is_file() or output.stat().st_size == 0:
+            raise Error("mmdebstrap wrote no tarball")
+        os.chmod(output, 0o644)
+        fsutil.fsync_path(output)
+        # rename(2): a build streaming the old tarball keeps reading the old inode.
+        os.replace(output, target)
+        fsutil.fsync_dir(target.parent)
+    return argv
 
 
 def unshare_cache_plan() -> List[str]:

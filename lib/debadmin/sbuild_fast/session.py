@@ -9,7 +9,10 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 - ids as sbuild's unshare mode maps them (the first /etc/subuid and /etc/subgid line of
   the user, from 0), so the package cache is shared with that mode, file for file;
 - commands run in the host's network namespace (apt reaches the archive), except the one
-  unshare mode runs without network (dpkg-buildpackage): it enters the session's own;
+  unshare mode runs without network (dpkg-buildpackage) and the build user's others but
+  apt-get: they enter the session's own;
+- each command is pid 1 of a pid namespace of its own inside the session's, as in unshare
+  mode: what it leaves behind dies when it returns;
 - the session's init is pid 1 of its pid namespace: killing it at 'close' (or when
   sbuild, this server or init goes away) kills every process of the build;
 - the unpacked tree lives in a tmpfs mounted inside the session's mount namespace when
@@ -19,15 +22,17 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 import json
 import logging
 import os
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
 
@@ -41,35 +46,53 @@ SBUILD_MIN = "0.85"
 # the same in 0.85, 0.89 and 0.91): the build itself.
 OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 
-# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell and
-# nsenter: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
+# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell, nsenter
+# and unshare: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
 # sbuild appends: env NAME=VALUE... [/sbin/runuser -u USER --] [sh -c 'cd DIR...'] CMD.
+# Offline (the session's network namespace, only lo): the build, as in unshare mode, and
+# every other command sbuild runs as a user other than root, but apt-get (apt-get source
+# fetches as the build user). Each command gets a pid namespace (and mount namespace, for
+# its /proc) of its own inside the session's, as in unshare mode: a process it leaves
+# behind dies when it returns, and never shares a pid namespace with a later command.
 EXEC_SCRIPT = (
-    'p=$1; shift; n=""; '
-    'for a in "$@"; do case $a in '
+    'p=$1 q=$2; shift 2; n=""; u=""; a=""; s=0; '
+    'for x in "$@"; do case $s$x in '
+    "0runuser|0*/runuser) s=1; continue;; 1-u) s=2; continue;; 1*) s=3;; "
+    "2root) s=3; continue;; 2*) s=3; u=1; continue;; esac; "
+    "case $x in "
     + "|".join(f"{c}|*/{c}" for c in OFFLINE_COMMANDS)
-    + ") n=-n; break;; esac; done; "
-    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- "$@"'
+    + ") n=-n;; apt-get|*/apt-get) a=1;; esac; done; "
+    '[ -n "$u" ] && [ -z "$a" ] && n=-n; '
+    '[ -n "$n" ] && p=$q; '
+    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- '
+    'unshare --pid --fork --kill-child --mount-proc -- "$@"'
 )
 
 # The tmpfs for the unpacked tree: only when this much memory stays available beside it
 # (the build's own files come on top of the chroot's).
 TMPFS_RESERVE = 2 << 30
+# How long init may take to unpack the tree and say 'ready' (a loaded machine, a slow
+# disk): past it the session fails with one line rather than hanging sbuild.
+HANDSHAKE_TIMEOUT = 600.0
 TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the .debs
+# The tmpfs's size= (a bound: two builds must not pin all memory), from the environment
+# sbuild passes on to its virt server.
+TMPFS_SIZE_VAR = "SBUILD_FAST_SESSION_TMPFS_SIZE"
 
 # The session's init: runs inside the namespaces (python3 -c INIT json-args), as their
 # root (unshare --map-auto maps the first subordinate range from 0 and sets uid 0 before
 # exec, so init keeps its capabilities there). It mounts and unpacks, chroots, reports 'ready', and
 # then only reaps orphans (pid 1 of the namespace) until it is killed.
 INIT = r"""
-import fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
+import ctypes, fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
 a = json.loads(sys.argv[1])
 os.umask(0o022)
 root = a["root"]
 def run(*argv, **kw):
     subprocess.run(argv, check=True, **kw)
 if a["tmpfs"]:
-    run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid", "sbuild-fast", root)
+    run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,size=%d" % a["tmpfs_size"],
+        "sbuild-fast", root)
 else:
     disk = tempfile.mkdtemp(prefix="sbuild-fast-session.", dir=a["disk_parent"])
     os.chmod(disk, 0o755)
@@ -101,6 +124,8 @@ run("mount", "-o", "noexec,nosuid,gid=5,mode=620,ptmxmode=666", "-t", "devpts", 
 run("mount", "-t", "tmpfs", "tmpfs", root + "/dev/shm")
 os.makedirs(root + "/sys", exist_ok=True)
 run("mount", "-o", "rbind", "/sys", root + "/sys")
+# as sbuild's unshare mode (0.86 on): nothing of /sys/kernel, an empty read-only tmpfs
+run("mount", "-t", "tmpfs", "-o", "ro,nosuid,nodev,noexec,mode=0755", "none", root + "/sys/kernel")
 os.makedirs(root + "/proc", exist_ok=True)
 run("mount", "-t", "proc", "proc", root + "/proc")
 for fd, mountpoint in a["binds"]:
@@ -109,7 +134,7 @@ for fd, mountpoint in a["binds"]:
     os.close(fd)
 socket.sethostname("sbuild")
 with open(root + "/etc/hosts", "w") as f:
-    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n")
+    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n::1 localhost ip6-localhost ip6-loopback\n")
 resolv = root + "/etc/resolv.conf"
 if os.path.lexists(resolv) and not os.path.isfile(resolv):
     os.unlink(resolv)
@@ -122,6 +147,33 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
 os.chroot(root)
 os.chdir("/")
+# The offline commands' mount namespace: the session's, with an empty /etc/resolv.conf
+# (sbuild's unshare mode gives the build without network none of the host's). A child
+# keeps it; the server finds it as init's one child.
+libc = ctypes.CDLL(None, use_errno=True)
+def cmount(src, target, fstype, flags, data=None):
+    if libc.mount(src.encode(), target.encode(), fstype and fstype.encode(), flags,
+                  data and data.encode()) != 0:
+        raise OSError(ctypes.get_errno(), "mount " + target)
+ready_r, ready_w = os.pipe()
+if os.fork() == 0:
+    try:
+        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), "unshare")
+        cmount("none", "/", None, 0x4000 | 0x40000)  # MS_REC | MS_PRIVATE
+        cmount("sbuild-fast", "/mnt", "tmpfs", 0, "mode=0755,size=16k")
+        open("/mnt/resolv.conf", "w").close()
+        cmount("/mnt/resolv.conf", "/etc/resolv.conf", None, 0x1000)  # MS_BIND
+        libc.umount2(b"/mnt", 2)  # MNT_DETACH: the file stays bound
+        os.write(ready_w, b"1")
+    except OSError as exc:
+        print("offline mount namespace: %s" % exc, file=sys.stderr, flush=True)
+        os._exit(1)
+    select.select([a["alive_fd"]], [], [])
+    os._exit(0)
+os.close(ready_w)
+if os.read(ready_r, 1) != b"1":
+    sys.exit(1)
 print("ready", flush=True)
 os.close(1)
 os.open("/dev/null", os.O_WRONLY)
@@ -140,6 +192,28 @@ while not alive.poll(1000):
 """
 
 
+def read_handshake(fd: int, timeout: float, on_disk: Callable[[str], None]) -> bool:
+    """init's lines until 'ready' (on_disk gets the on-disk tree it announces): whether
+    it said ready before another line or its end of file; an Error when it says neither
+    within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while True:
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            text = line.decode("utf-8", "replace").strip()
+            if not text.startswith("disk "):
+                return text == "ready"
+            on_disk(text[5:])
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise Error(f"did not start within {timeout:g} s")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return False
+        buffer += chunk
+
+
 def subid_range(kind: str, user: str, root: Path = Path("/")) -> Tuple[int, int]:
     """The first line of /etc/subuid or /etc/subgid for user, as sbuild reads it."""
     try:
@@ -156,20 +230,45 @@ def subid_range(kind: str, user: str, root: Path = Path("/")) -> Tuple[int, int]
     raise Error(f"no subordinate ids for {user} in /etc/{kind}")
 
 
-def mem_available(root: Path = Path("/")) -> int:
-    """MemAvailable from /proc/meminfo in bytes (0 when unknown)."""
+def meminfo(field: str, root: Path = Path("/")) -> int:
+    """A field of /proc/meminfo in bytes (0 when unknown)."""
     try:
         for line in (root / "proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
 
 
-def use_tmpfs(tree_size: int, available: int) -> bool:
-    """Whether the unpacked tree goes to a tmpfs: with room for the build beside it."""
-    return available >= tree_size * TMPFS_FACTOR + TMPFS_RESERVE
+def mem_available(root: Path = Path("/")) -> int:
+    """MemAvailable from /proc/meminfo in bytes (0 when unknown)."""
+    return meminfo("MemAvailable", root)
+
+
+def tmpfs_size(total: int, setting: Optional[str] = None) -> int:
+    """The session tmpfs's size= in bytes: TMPFS_SIZE_VAR (bytes, with K, M or G, or a
+    percentage of RAM; 0: never a tmpfs), else a quarter of RAM, so that two builds
+    at once leave half of it."""
+    value = (os.environ.get(TMPFS_SIZE_VAR, "") if setting is None else setting).strip()
+    if not value:
+        return total // 4
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "%": 0}
+    number, unit = (value[:-1], value[-1].lower()) if value[-1].lower() in units else (value, "")
+    try:
+        amount = int(number)
+    except ValueError:
+        raise Error(f"{TMPFS_SIZE_VAR}={value}: not a size (such as 4G or 25%)") from None
+    if amount < 0 or (unit == "%" and amount > 100):
+        raise Error(f"{TMPFS_SIZE_VAR}={value}: not a size (such as 4G or 25%)")
+    return total * amount // 100 if unit == "%" else amount * units.get(unit, 1)
+
+
+def use_tmpfs(tree_size: int, available: int, size: Optional[int] = None) -> bool:
+    """Whether the unpacked tree goes to a tmpfs: with room for the build beside it, in
+    memory and in the tmpfs's size."""
+    needed = tree_size * TMPFS_FACTOR
+    return available >= needed + TMPFS_RESERVE and (size is None or size >= needed)
 
 
 def encode_argv(argv: Sequence[str]) -> str:
@@ -196,27 +295,61 @@ class Session:
         self.tmp_parent = tmp_parent
         self.proc: Optional[subprocess.Popen] = None
         self.init_pid: Optional[int] = None
+        self.offline_pid: Optional[int] = None
         self.mountpoint: Optional[Path] = None
         self.disk: Optional[str] = None
         self.errors: Optional[TextIO] = None
         self.announce = True  # a line on stderr (sbuild's log) when it unpacks
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
         self.alive_w: Optional[int] = None
 
     def open(self) -> str:
         uid = subid_range("subuid", self.user)
         gid = subid_range("subgid", self.user)
+        self._start()
+        assert self.proc and self.proc.stdout and self.errors
+        try:
+            ready = read_handshake(
+                self.proc.stdout.fileno(), self.handshake_timeout, self._note_disk
+            )
+        except Error as exc:
+            self.close()
+            raise Error(f"the session for {self.tarball} {exc}") from None
+        if not ready:
+            self.errors.seek(0)
+            lines = [ln.strip() for ln in self.errors.read().splitlines() if ln.strip()]
+            self.close()
+            raise Error(
+                f"the session for {self.tarball} did not start: "
+                + (" ".join(lines[-2:]) or "no reason given")
+            )
+        self.init_pid = self._init_pid()
+        self.offline_pid = self._offline_pid()
+        self._check_maps(uid, gid)
+        return str(self.mountpoint)
+
+    def _note_disk(self, path: str) -> None:
+        self.disk = path
+
+    def _open_fds(self, fds: List[int]) -> Tuple[int, List[Tuple[int, str]]]:
+        """The tarball's and the bind mounts' sources' descriptors (added to fds)."""
+        try:
+            tar_fd = os.open(self.tarball, os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(tar_fd)
+            bind_args = []
+            for source, mountpoint in self.binds:
+                fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fds.append(fd)
+                bind_args.append((fd, mountpoint))
+        except OSError as exc:
+            raise Error(f"cannot open {exc.filename}: {exc.strerror}") from None
+        return tar_fd, bind_args
+
+    def _start(self) -> None:
+        """Start unshare and init (which unpacks the tree), with what init needs."""
         fds: List[int] = []
         try:
-            try:
-                tar_fd = os.open(self.tarball, os.O_RDONLY | os.O_CLOEXEC)
-                fds.append(tar_fd)
-                bind_args = []
-                for source, mountpoint in self.binds:
-                    fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                    fds.append(fd)
-                    bind_args.append((fd, mountpoint))
-            except OSError as exc:
-                raise Error(f"cannot open {exc.filename}: {exc.strerror}") from None
+            tar_fd, bind_args = self._open_fds(fds)
             self.mountpoint = Path(tempfile.mkdtemp(prefix="sbuild-fast.", dir=self.tmp_parent))
             # the namespace's root (a subordinate id) must reach it to mount on it
             os.chmod(self.mountpoint, 0o755)
@@ -224,7 +357,8 @@ class Session:
                 resolv = Path("/etc/resolv.conf").read_text()
             except OSError:
                 resolv = "nameserver 127.0.0.53\n"  # systemd-resolved, as sbuild does
-            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available())
+            size = tmpfs_size(meminfo("MemTotal"))
+            tmpfs = use_tmpfs(os.fstat(tar_fd).st_size, mem_available(), size)
             # sbuild's log says where the chroot comes from, as in unshare mode
             if self.announce:
                 print(
@@ -236,7 +370,8 @@ class Session:
             args = {
                 "root": str(self.mountpoint),
                 "tmpfs": tmpfs,
-                "disk_parent": os.environ.get("TMPDIR") or "/var/tmp",
+                "tmpfs_size": size,
+                "disk_parent": str(disk_parent()),
                 "binds": bind_args,
                 "tar_fd": tar_fd,
                 "resolv": resolv,
@@ -257,27 +392,13 @@ class Session:
                 stderr=self.errors,
                 pass_fds=fds,
                 preexec_fn=_die_with_parent,
-                text=True,
             )
         finally:
             for fd in fds:
                 os.close(fd)
-        assert self.proc.stdout
-        while True:
-            line = self.proc.stdout.readline()
-            if not line.startswith("disk "):
-                break
-            self.disk = line[5:].strip()
-        if line.strip() != "ready":
-            self.errors.seek(0)
-            lines = [ln.strip() for ln in self.errors.read().splitlines() if ln.strip()]
-            self.close()
-            raise Error(
-                f"the session for {self.tarball} did not start: "
-                + (" ".join(lines[-2:]) or "no reason given")
-            )
-        self.init_pid = self._init_pid()
-        # The ids sbuild's unshare mode maps: the package cache's files are theirs.
+
+    def _check_maps(self, uid: Tuple[int, int], gid: Tuple[int, int]) -> None:
+        """The ids sbuild's unshare mode maps: the package cache's files are theirs."""
         for kind, (start, count) in (("uid", uid), ("gid", gid)):
             mapped = Path(f"/proc/{self.init_pid}/{kind}_map").read_text().split()
             if mapped != ["0", str(start), str(count)]:
@@ -286,7 +407,6 @@ class Session:
                     f"unshare --map-auto mapped {' '.join(mapped)}, not 0 {start} {count} "
                     f"as sbuild's unshare mode does (first /etc/sub{kind} line of {self.user})"
                 )
-        return str(self.mountpoint)
 
     def _init_pid(self) -> int:
         assert self.proc
@@ -297,8 +417,24 @@ class Session:
             raise Error(f"the session's init is not the one child of {self.proc.pid}")
         return int(children[0])
 
+    def _offline_pid(self) -> int:
+        """The child of init that keeps the offline commands' mount namespace."""
+        assert self.init_pid
+        children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children").read_text()
+        if len(children.split()) != 1:
+            self.close()
+            raise Error("the session's offline namespace keeper is not init's one child")
+        return int(children.split()[0])
+
     def exec_argv(self) -> List[str]:
-        return ["/bin/sh", "-c", EXEC_SCRIPT, "sbuild-fast-session", str(self.init_pid)]
+        return [
+            "/bin/sh",
+            "-c",
+            EXEC_SCRIPT,
+            "sbuild-fast-session",
+            str(self.init_pid),
+            str(self.offline_pid),
+        ]
 
     def close(self) -> None:
         """Kill pid 1 of the session (the kernel then kills every process in it), wait for
@@ -317,6 +453,7 @@ class Session:
                 self.proc.stdout.close()
             self.proc = None
             self.init_pid = None
+            self.offline_pid = None
         if self.errors:
             self.errors.close()
             self.errors = None
@@ -410,6 +547,7 @@ def self_test(session: "Session") -> float:
         )
         if offline.returncode != 0 or offline.stdout.strip() != "1":
             raise Error("the session's build would not be cut off the network")
+        _check_hardening(argv)
         who = subprocess.run([*argv, "id", "-u"], capture_output=True, text=True)
         if who.stdout.strip() != "0":
             raise Error("commands in the session do not run as its root")
@@ -422,13 +560,40 @@ def self_test(session: "Session") -> float:
                 "the chroot has no groupadd and useradd (passwd): "
                 "run 'sbuild-fast update --recreate'"
             )
-        cost = timed_command_cost(argv)
+        # a process a command leaves behind dies with it (a pid namespace per command)
+        subprocess.run(
+            [*argv, "sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"], check=False
+        )
         init = session.init_pid
+        if Path(f"/proc/{init}/task/{init}/children").read_text().split() != [
+            str(session.offline_pid)
+        ]:
+            raise Error("a process left behind by a command outlived it")
+        cost = timed_command_cost(argv)
+        # the tree goes on disk where memory is short at a build: that must work too
+        check_disk_parent(disk_parent())
     finally:
         session.close()
     if init and Path(f"/proc/{init}").exists():
         raise Error("the session's init outlived its close")
     return cost
+
+
+def _check_hardening(argv: Sequence[str]) -> None:
+    """What sbuild 0.86 and later add to unshare mode: /sys/kernel empty, ::1 in
+    /etc/hosts, no resolv.conf for the build without network."""
+    probe = (
+        "ls -A /sys/kernel | wc -l; wc -c < /etc/resolv.conf; "
+        "grep -cx '::1 localhost ip6-localhost ip6-loopback' /etc/hosts"
+    )
+    out = subprocess.run(
+        [*argv, "sh", "-c", probe, "dpkg-buildpackage"], capture_output=True, text=True
+    ).stdout.split()
+    if out != ["0", "0", "1"]:
+        raise Error(
+            "the session's build does not see what unshare mode shows it "
+            "(an empty /sys/kernel, no resolv.conf, ::1 in /etc/hosts): " + " ".join(out)
+        )
 
 
 def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
@@ -437,13 +602,68 @@ def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
     return []
 
 
+def reachable_by_others(path: Path) -> bool:
+    """Whether every directory from / to path lets others search it: the session's root
+    is a subordinate id, an other to every directory of the host (pam_tmpdir's and
+    $XDG_RUNTIME_DIR's parents are 0700)."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    for directory in (real, *real.parents):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or not info.st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _tmpdir_candidates(fallback: str) -> List[Path]:
+    return [Path(c) for c in (os.environ.get("TMPDIR"), fallback) if c]
+
+
 def mountpoint_parent() -> Path:
-    """Where the mount point of a session goes: TMPDIR, else /tmp (the session's root, a
-    subordinate id, must search it: not $XDG_RUNTIME_DIR, which is 0700)."""
-    for candidate in (os.environ.get("TMPDIR"), "/tmp"):
-        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
-            return Path(candidate)
+    """Where the mount point of a session goes (made by this server, mounted on by the
+    session's root): TMPDIR where the session's root can reach it, else /tmp."""
+    for candidate in _tmpdir_candidates("/tmp"):
+        if reachable_by_others(candidate) and os.access(candidate, os.W_OK):
+            return candidate
     return Path("/tmp")
+
+
+def disk_parent() -> Path:
+    """Where the on-disk tree goes (made by the session's root): TMPDIR where others may
+    reach it and write to it (sticky, as /var/tmp), else /var/tmp."""
+    for candidate in _tmpdir_candidates("/var/tmp"):
+        if reachable_by_others(candidate):
+            mode = os.stat(candidate).st_mode
+            if mode & stat.S_IWOTH and mode & stat.S_ISVTX:
+                return candidate
+    return Path("/var/tmp")
+
+
+def check_disk_parent(parent: Path) -> None:
+    """Make and remove a directory in parent as the session's root does for an on-disk
+    tree: one clear error where that fails, rather than a failed build later."""
+    probe = subprocess.run(
+        [
+            *unshare_argv(),
+            "sh",
+            "-c",
+            'd=$(mktemp -d -p "$1" sbuild-fast-probe.XXXXXX) && rmdir "$d"',
+            "sh",
+            str(parent),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        raise Error(
+            f"the session's root cannot make its on-disk tree in {parent}: "
+            + (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+        )
 
 
 __all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil"]
