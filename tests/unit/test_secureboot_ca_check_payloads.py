@@ -403,6 +403,9 @@ def test_digests_and_forms_edk2_accepts(objects, pk_chain, digest, wrapped):
 
 def test_sha1_is_refused_where_edk2_looks(objects, pk_chain):
     root, _leaf = pk_chain
-    payload = make_payload(objects, root, digest=hashes.SHA1)
+    try:
+        payload = make_payload(objects, root, digest=hashes.SHA1)
+    except TypeError:  # trixie's python3-cryptography signs PKCS#7 with SHA-2 only
+        pytest.skip("this python3-cryptography cannot make a SHA-1 PKCS#7 signature")
     verdict = payloads.verify_payload(payload, root[1])
     assert not verdict.ok and "where edk2 looks" in verdict.reason
