@@ -17,6 +17,7 @@ from typing import Optional
 import pytest
 
 from debadmin.netboot_serialize import main as ns
+from debadmin.netboot_serialize import menus, settings
 from debadmin.netboot_serialize import tar as nst
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "netboot-serialize"
@@ -293,7 +294,7 @@ def test_timeout_and_default(capsys, tree, entry, label, title):
     assert "console=ttyS0,115200n8" in append
     grub = (tree / GRUB).read_bytes()
     assert b"set timeout=7\n" in grub and f'set default="{title}"\n'.encode() in grub
-    assert title in ns.grub_entries(grub)
+    assert title in menus.grub_entries(grub)
 
 
 # --- idempotence and clean replacement ---------------------------------------------------------
@@ -362,7 +363,9 @@ def test_also_vga_then_serial_only_restores_vga_position(capsys, tmp_path):
     # Every vga=788 is back where d-i had it, only console= words were added.
     for name, entry in snapshot(tree).items():
         if entry[0] == "file" and (name.endswith(".cfg")) and "append" in entry[1].decode():
-            lines = [ln for ln in entry[1].decode().splitlines() if not ln.startswith(ns.MARKER)]
+            lines = [
+                ln for ln in entry[1].decode().splitlines() if not ln.startswith(settings.MARKER)
+            ]
             for old, new in zip(pristine[name][1].decode().splitlines(), lines):
                 if old.strip().startswith("append"):
                     assert new.startswith(old.rstrip()), (old, new)
@@ -914,7 +917,7 @@ def test_rerun_keeps_timeout_of_a_tree_serialized_before_it_was_recorded(capsys,
     kept = [
         ln
         for ln in (tree / GRUB).read_text().splitlines(True)
-        if not ln.startswith(ns.MARKER) and not ln.startswith("set ")
+        if not ln.startswith(settings.MARKER) and not ln.startswith("set ")
     ]
     (tree / GRUB).write_text("".join(kept))
     layout, files = ns.read_tree(tree)
@@ -986,7 +989,7 @@ def partial_run(tree: Path, argv, only) -> None:
     """What an interrupted in-place run leaves: the files in only rewritten, the rest old."""
     args = ns.build_parser().parse_args([str(tree)] + argv)
     layout, files = ns.read_tree(tree)
-    for change in ns.serialize(files, layout, ns.settings_from(args)):
+    for change in ns.serialize(files, layout, settings.settings_from(args)):
         if only(change.path):
             (tree / change.path).write_bytes(change.new)
 
@@ -1009,7 +1012,9 @@ def test_interrupted_in_place_run_is_repaired(capsys, tmp_path, flavour, first):
     names = [
         c.path
         for c in ns.serialize(
-            files, layout, ns.settings_from(ns.build_parser().parse_args([str(probe)] + SECOND))
+            files,
+            layout,
+            settings.settings_from(ns.build_parser().parse_args([str(probe)] + SECOND)),
         )
     ]
     assert BS + "syslinux.cfg" in names and BS + "txt.cfg" in names
@@ -1031,7 +1036,9 @@ def serialized_by_0_1_0(capsys, path):
     for name in ns.tree_names(tree):
         if name.startswith(BS) and not name.endswith("syslinux.cfg") and name.endswith(".cfg"):
             data = (tree / name).read_bytes()
-            kept = [ln for ln in data.splitlines(True) if not ln.startswith(ns.MARKER.encode())]
+            kept = [
+                ln for ln in data.splitlines(True) if not ln.startswith(settings.MARKER.encode())
+            ]
             (tree / name).write_bytes(b"".join(kept))
     return tree
 

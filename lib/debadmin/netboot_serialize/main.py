@@ -21,24 +21,21 @@ from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.netboot_serialize import tar as tarball
-from debadmin.netboot_serialize.menus import (  # noqa: F401 (tests use these names here)
+from debadmin.netboot_serialize.menus import (
     COMMENT_ONLY,
     TOP_LEVEL,
     edit_grub,
     edit_syslinux_included,
     edit_syslinux_top,
-    grub_entries,
     labels,
     recorded_settings,
     syslinux_marker,
 )
-from debadmin.netboot_serialize.settings import (  # noqa: F401 (as above)
-    MARKER,
+from debadmin.netboot_serialize.settings import (
     KEPT_OPTION,
     Settings,
     _merge,
     parse_console,
-    settings_from,
 )
 
 PROG = "netboot-serialize"
