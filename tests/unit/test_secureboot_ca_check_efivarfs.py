@@ -402,8 +402,9 @@ def any_filesystem(monkeypatch):
 
 
 def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys, any_filesystem):
-    """On a plain file system the variable does not grow as firmware makes it grow: the
-    read-back finds no CA and says so (exit 2), and stops before the next step.  What was
+    """On a plain file system the variable does not grow as firmware makes it grow: it
+    is replaced by what was written, and the read-back finds the entries held before gone
+    ("damaged", exit 2, the backup named) and stops before the next step.  What was
     written is exactly the attribute word 0x67 and Microsoft's file; the immutable flag
     (where it can be set) is set again after the write."""
     root = fake_machine(tmpfs, ami_variables())
@@ -424,8 +425,9 @@ def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys, any
     assert rc == 2
     doc = json.loads(out)
     steps = doc["fix"]["steps"]
-    assert [s["status"] for s in steps] == ["not-accepted", "not-run", "not-run", "not-run"]
-    assert "does not hold it" in steps[0]["error"]
+    assert [s["status"] for s in steps] == ["damaged", "not-run", "not-run", "not-run"]
+    assert steps[0]["error"] == "it is no longer a run of signature lists"
+    assert doc["fix"]["backup"] and doc["fix"]["backup"] in err
     published = (OBJECTS / "PostSignedObjects/Optional/DB/amd64/DBUpdate3P2023.bin").read_bytes()
     assert db.read_bytes() == struct.pack("<I", 0x67) + published
     assert kek.read_bytes() == kek_before
@@ -453,10 +455,19 @@ def test_immutable_flag_is_cleared_for_the_write(tmpfs):
 REFUSE = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 from debadmin.secureboot_ca_check import efivarfs
 from debadmin.secureboot_ca_check.main import main
 efivarfs.ACCEPT_ANY_FILESYSTEM = True
+real = efivarfs.write_once
+def write_once(path, data):
+    # the limit for the variable's write only: the keys are saved before it
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, limit[1]))
+    try:
+        real(path, data)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+efivarfs.write_once = write_once
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -549,7 +560,7 @@ def test_a_flag_not_restored_after_a_write_is_a_warning(
     finally:
         chattr("-i", db)
     step = json.loads(out)["fix"]["steps"][0]
-    assert step["status"] == "not-accepted"  # a plain file: the read-back finds no CA
+    assert step["status"] == "damaged"  # a plain file: replaced, not appended
     assert step["warning"].startswith("the write succeeded; setting the immutable flag again")
     assert "EPERM" in step["warning"] and "refused" not in err
     assert "write succeeded" in err
@@ -746,3 +757,123 @@ def test_a_padded_pk_gets_no_kek_update(tmp_path, capsys):
     (kek,) = doc["fix"]["remaining"]
     assert kek["variable"] == "KEK"
     assert kek["reason"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin: " + payloads.PK_MISMATCH
+
+
+# --- the read-back: an append, not a replace; the keys saved first ---------------------------
+
+
+def firmware(monkeypatch, replace: bool = False):
+    """A stand-in for the firmware behind efivarfs: the authenticated append edk2 does
+    (AuthVariableLib's FilterSignatureList: entries already held are dropped), or, with
+    replace, one that ignores APPEND_WRITE and replaces the variable with the lists."""
+
+    def write(path: Path, data: bytes) -> None:
+        assert struct.unpack_from("<I", data)[0] == payloads.APPEND_ATTRIBUTES
+        name = path.name.split("-", 1)[0]
+        appended = payloads.parse_payload(data[4:], "x", name).data
+        old = path.read_bytes()
+        if replace:
+            path.write_bytes(old[:4] + appended)
+            return
+        held = efivarfs.raw_entries(old[4:])
+        lists, offset = b"", 0
+        while offset < len(appended):
+            size, header, each = struct.unpack_from("<III", appended, offset + 16)
+            body = offset + 28 + header
+            kind = appended[offset : offset + 16]
+            new = [
+                appended[i : i + each]
+                for i in range(body, offset + size, each)
+                if (kind, appended[i : i + each]) not in held
+            ]
+            if new:
+                head = struct.pack("<III", 28 + header + each * len(new), header, each)
+                lists += kind + head + appended[offset + 28 : body] + b"".join(new)
+            offset += size
+        path.write_bytes(old + lists)
+
+    monkeypatch.setattr(efivarfs, "write_once", write)
+
+
+def test_appends_are_applied_and_the_keys_saved_first(
+    tmp_path, capsys, any_filesystem, monkeypatch
+):
+    firmware(monkeypatch)
+    variables = ami_variables()
+    root = fake_machine(tmp_path, variables)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    assert rc == 0, err
+    doc = json.loads(out)["fix"]
+    assert [s["status"] for s in doc["steps"]] == ["applied"] * 4
+    backup = Path(doc["backup"])
+    assert backup.parent == root / "var/lib/secureboot-ca-check"
+    assert backup.name.startswith("backup-") and backup.name.endswith("Z")
+    for name in ("PK", "KEK", "db", "dbx"):
+        if name in variables:
+            assert (backup / f"{name}.esl").read_bytes() == variables[name]
+    assert "KEK.esl" in os.listdir(backup) and "db.esl" in os.listdir(backup)
+    # Run again: nothing to change, and no second backup.
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 0 and "nothing to change" in out
+    assert len(os.listdir(backup.parent)) == 1
+
+
+def test_a_firmware_that_replaces_the_variable_is_damage(
+    tmp_path, capsys, any_filesystem, monkeypatch
+):
+    """The firmware took the write but replaced db with the new list: every entry held
+    before is gone although the new CA is there.  Status "damaged", exit 2, nothing more
+    written, one stderr line naming the saved keys."""
+    firmware(monkeypatch, replace=True)
+    root = fake_machine(tmp_path, ami_variables())
+    kek = root / efivarfs.EFIVARS / f"KEK-{efi.GLOBAL_GUID}"
+    kek_before = kek.read_bytes()
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    assert rc == 2
+    doc = json.loads(out)["fix"]
+    assert [s["status"] for s in doc["steps"]] == ["damaged", "not-run", "not-run", "not-run"]
+    assert kek.read_bytes() == kek_before
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "db DAMAGED" in lines[0] and doc["backup"] in lines[0]
+    assert (Path(doc["backup"]) / "db.esl").read_bytes() == ami_variables()["db"]
+
+
+def test_compare_append():
+    one = fix.signature_list(b"one-certificate")
+    two = fix.signature_list(b"two-certificate")
+    assert efivarfs.compare_append(one, two, one + two) == ("applied", None)
+    # The firmware dropped the duplicate: still an append.
+    assert efivarfs.compare_append(one, one + two, one + two) == ("applied", None)
+    assert efivarfs.compare_append(one, two, one)[0] == "not-accepted"
+    assert efivarfs.compare_append(one, two, two)[0] == "damaged"
+    assert efivarfs.compare_append(one, two, one + two + b"\0" * 30)[0] == "damaged"
+    three = fix.signature_list(b"three-certificate")
+    assert efivarfs.compare_append(one, two, one + two + three)[0] == "damaged"
+    # Data the walk cannot split: its bytes must stay at the start.
+    odd = b"\1" * 20
+    assert efivarfs.compare_append(odd, two, odd + two) == ("applied", None)
+    assert efivarfs.compare_append(odd, two, two)[0] == "damaged"
+
+
+def test_a_later_write_that_undoes_an_earlier_one_is_damage(
+    tmp_path, capsys, any_filesystem, monkeypatch
+):
+    """The final read of every variable written: db lost the UEFI CA 2023 while KEK was
+    written."""
+    firmware(monkeypatch)
+    real = efivarfs.write_once
+    root = fake_machine(tmp_path, ami_variables())
+    db = root / efivarfs.EFIVARS / f"db-{efi.IMAGE_SECURITY_GUID}"
+    original = db.read_bytes()
+
+    def write(path, data):
+        real(path, data)
+        if path.name.startswith("KEK-"):
+            db.write_bytes(original)
+
+    monkeypatch.setattr(efivarfs, "write_once", write)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    assert rc == 2
+    steps = json.loads(out)["fix"]["steps"]
+    assert steps[0]["status"] == "damaged" and "no longer holds it" in steps[0]["error"]
+    assert "restore the keys saved in" in err

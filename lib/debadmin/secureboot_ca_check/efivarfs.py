@@ -1,20 +1,23 @@
 """secureboot-ca-check --fix on firmware: Microsoft's signed updates appended through efivarfs."""
 
 import base64
+import datetime
 import ctypes
 import errno
 import fcntl
 import json
 import logging
 import os
+import signal
 import struct
 import sys
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from cryptography import x509
 
+from debadmin import fsutil
 from debadmin.errors import Error, NotApplicable
 from debadmin.output import emit_json
 from debadmin.secureboot_ca_check import efi
@@ -23,6 +26,9 @@ from debadmin.secureboot_ca_check import payloads
 log = logging.getLogger("debadmin")
 
 EFIVARS = "sys/firmware/efi/efivars"
+BACKUP_DIR = "var/lib/secureboot-ca-check"
+LOCK = "run/lock/secureboot-ca-check.lock"
+PROG = "secureboot-ca-check"
 NAMES = {
     "kek_2k_ca_2023": "Microsoft Corporation KEK 2K CA 2023",
     "uefi_ca_2023": "Microsoft UEFI CA 2023",
@@ -531,6 +537,7 @@ class WriteError(Exception):
         self.phase = phase
         self.errno = exc.errno
         self.strerror = exc.strerror
+        self.restore: Optional[str] = None
 
     def describe(self) -> str:
         return f"{errno.errorcode.get(self.errno, self.errno)}: {self.strerror}"
@@ -558,35 +565,42 @@ def write_once(path: Path, data: bytes) -> None:
         os.close(out)
 
 
+def restore_flag(fd: int, flags: int) -> Optional[OSError]:
+    try:
+        set_flags(fd, flags)
+    except OSError as exc:
+        return exc
+    return None
+
+
 def append(path: Path, blob: bytes) -> None:
     """One append write (attribute word 0x67, then the payload), the immutable flag
-    cleared for it and restored after; WriteError naming the phase that failed."""
+    cleared for it and restored after, whatever ends the write (an interruption too);
+    WriteError naming the phase that failed (a write error carries a failure to restore
+    the flag in its restore attribute)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise WriteError("open", exc) from None
     try:
+        flags = None
         try:
-            flags = get_flags(fd)
-            immutable = flags is not None and flags & FS_IMMUTABLE_FL
-            if immutable:
-                set_flags(fd, flags & ~FS_IMMUTABLE_FL)
+            current = get_flags(fd)
+            if current is not None and current & FS_IMMUTABLE_FL:
+                set_flags(fd, current & ~FS_IMMUTABLE_FL)
+                flags = current
         except OSError as exc:
             raise WriteError("flags", exc) from None
         try:
             write_once(path, struct.pack("<I", payloads.APPEND_ATTRIBUTES) + blob)
-        except WriteError:
-            if immutable:
-                try:
-                    set_flags(fd, flags)
-                except OSError:
-                    pass  # the write's error is the one to report
+        except BaseException as exc:
+            failure = restore_flag(fd, flags) if flags is not None else None
+            if failure is not None and isinstance(exc, WriteError):
+                exc.restore = WriteError("restore", failure).describe()
             raise
-        if immutable:
-            try:
-                set_flags(fd, flags)
-            except OSError as exc:
-                raise WriteError("restore", exc) from None
+        failure = restore_flag(fd, flags) if flags is not None else None
+        if failure is not None:
+            raise WriteError("restore", failure)
     finally:
         os.close(fd)
 
@@ -600,42 +614,163 @@ def failed_step(step: dict, error: WriteError) -> None:
         step["status"] = "failed"
         what = {"open": "cannot open the variable", "flags": "cannot clear its immutable flag"}
         step["error"] = f"{what.get(error.phase, 'the write failed')}: {error.describe()}"
+    if error.restore:
+        step["warning"] = f"setting the immutable flag again failed: {error.restore}"
+
+
+# Signals held back from clearing the immutable flag to the read-back of each step: an
+# interruption then comes between steps, with the flag set again and the step known.
+BLOCKED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def variable_path(directory: Path, name: str) -> Path:
+    return directory / f"{name}-{payloads.VARIABLE_GUIDS[name]}"
 
 
 def apply(directory: Path, result: dict) -> bool:
-    """Each step in order; stops at the first failure.  True when every step was accepted."""
+    """Each step in order, signals blocked while it runs; stops at the first failure,
+    then (all accepted) reads every variable written again.  True when all is as it
+    should be."""
     for step in result["steps"]:
-        payload: payloads.Payload = step["_payload"]
-        guid = payloads.VARIABLE_GUIDS[payload.variable]
-        path = directory / f"{payload.variable}-{guid}"
+        step["status"] = "running"
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_SIGNALS)
         try:
-            append(path, payload.blob)
-        except WriteError as error:
-            if error.phase != "restore":
-                failed_step(step, error)
-                return False
-            step["warning"] = (
-                "the write succeeded; setting the immutable flag again failed: " + error.describe()
-            )
-        if not read_back(path, payload, guid, step):
+            ok = apply_step(directory, step)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if not ok:
             return False
-    return True
+    return final_check(directory, result)
 
 
-def read_back(path: Path, payload: payloads.Payload, guid: str, step: dict) -> bool:
+def apply_step(directory: Path, step: dict) -> bool:
+    payload: payloads.Payload = step["_payload"]
+    path = variable_path(directory, payload.variable)
+    try:
+        before = read_variable(path)
+    except OSError as exc:
+        step["status"] = "failed"
+        step["error"] = f"cannot read the variable before the write: {exc.strerror}"
+        return False
+    try:
+        append(path, payload.blob)
+    except WriteError as error:
+        if error.phase != "restore":
+            failed_step(step, error)
+            return False
+        step["warning"] = (
+            "the write succeeded; setting the immutable flag again failed: " + error.describe()
+        )
+    return read_back(path, payload, before, step)
+
+
+def raw_entries(data: bytes) -> Optional[set]:
+    """Every EFI_SIGNATURE_DATA of data as (list type, the entry's bytes: owner and
+    data); None when data is not a clean run of signature lists."""
+    found = set()
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < 28:
+            return None
+        list_size, header_size, size = struct.unpack_from("<III", data, offset + 16)
+        body = offset + 28 + header_size
+        end = offset + list_size
+        if size == 0 or end > len(data) or body > end or (end - body) % size:
+            return None
+        kind = data[offset : offset + 16]
+        found.update((kind, data[i : i + size]) for i in range(body, end, size))
+        offset = end
+    return found
+
+
+def compare_append(before: bytes, appended: bytes, now: bytes) -> Tuple[str, Optional[str]]:
+    """(status, what is wrong): "applied" when now holds every entry held before and
+    every entry appended, and nothing else (the firmware drops duplicates); "damaged"
+    when an entry held before is gone or another appeared (a replace, not an append);
+    "not-accepted" when the variable is as it was."""
+    old, added, got = raw_entries(before), raw_entries(appended), raw_entries(now)
+    if old is None:  # firmware data the walk cannot split: its bytes must lead
+        old = set()
+        if now[: len(before)] != before:
+            return "damaged", "what it held before is no longer at its start"
+        got = raw_entries(now[len(before) :])
+    if got is None:
+        return "damaged", "it is no longer a run of signature lists"
+    lost, extra = old - got, got - old - (added or set())
+    if lost or extra:
+        return "damaged", (
+            f"{len(lost)} entries held before are gone, {len(extra)} entries that "
+            "were neither held nor appended are there"
+        )
+    if added and not added <= got:
+        return "not-accepted", "the write succeeded but the variable does not hold it"
+    return "applied", None
+
+
+def read_back(path: Path, payload: payloads.Payload, before: bytes, step: dict) -> bool:
     try:
         now = read_variable(path)
     except OSError as exc:
         step["status"] = "unknown"
         step["error"] = f"cannot read it back: {exc.strerror}"
         return False
-    held = {efi.fingerprint(c) for c in certs_of(efi.Variable(payload.variable, guid, 0, now))}
-    if all(payloads.FINGERPRINTS[ca] in held for ca in step["adds"]):
-        step["status"] = "applied"
-        return True
-    step["status"] = "not-accepted"
-    step["error"] = "the write succeeded but the variable does not hold it"
-    return False
+    status, error = compare_append(before, payload.data, now)
+    if status == "applied" and not holds(payload.variable, now, step["adds"]):
+        status, error = "not-accepted", "the write succeeded but the variable does not hold it"
+    step["status"], step["error"] = status, error
+    return status == "applied"
+
+
+def holds(name: str, data: bytes, cas: List[str]) -> bool:
+    variable = efi.Variable(name, payloads.VARIABLE_GUIDS[name], 0, data)
+    held = {efi.fingerprint(c) for c in certs_of(variable)}
+    return all(payloads.FINGERPRINTS[ca] in held for ca in cas)
+
+
+def final_check(directory: Path, result: dict) -> bool:
+    """Every variable written, read once more after the last step: each CA added is
+    there (a later write must not have undone an earlier one)."""
+    for step in result["steps"]:
+        name = step["variable"]
+        try:
+            data = read_variable(variable_path(directory, name))
+        except OSError as exc:
+            step["status"], step["error"] = "unknown", f"cannot read it again: {exc.strerror}"
+            return False
+        if not holds(name, data, step["adds"]):
+            step["status"] = "damaged"
+            step["error"] = "read again after the last step, the variable no longer holds it"
+            return False
+    return True
+
+
+def backup_keys(root: Path, variables: Dict[str, efi.Variable], now: datetime.datetime) -> Path:
+    """PK, KEK, db and dbx as they are, as EFI_SIGNATURE_LIST files (NAME.esl: what the
+    firmware setup's key management, or efi-updatevar, loads), in a new directory under
+    ROOT/var/lib/secureboot-ca-check; Error when it cannot be written (nothing is)."""
+    base = root / BACKUP_DIR
+    directory = base / f"backup-{now.strftime('%Y%m%dT%H%M%SZ')}"
+    try:
+        os.makedirs(base, mode=0o755, exist_ok=True)
+        number = 1
+        while True:
+            try:
+                os.mkdir(directory, 0o700)
+                break
+            except FileExistsError:
+                number += 1
+                directory = base / f"backup-{now.strftime('%Y%m%dT%H%M%SZ')}-{number}"
+        for name in ("PK", "KEK", "db", "dbx"):
+            if name in variables:
+                fsutil.atomic_write(directory / f"{name}.esl", variables[name].data, mode=0o600)
+        fsutil.fsync_dir(directory)
+    except OSError as exc:
+        raise Error(
+            f"cannot save the keys in {directory}: {exc.strerror}: nothing written"
+        ) from None
+    except Error as exc:
+        raise Error(f"{exc}: the keys are not saved: nothing written") from None
+    return directory
 
 
 # --- efivarfs, the real one -----------------------------------------------------------------
@@ -694,6 +829,8 @@ def render(result: dict) -> List[str]:
         "failed": "NOT written:",
         "not-accepted": "NOT accepted:",
         "unknown": "written, not read back:",
+        "damaged": "DAMAGED (the firmware did not append):",
+        "interrupted": "interrupted (may be written):",
         "not-run": "not attempted:",
     }
     for step in result["steps"]:
@@ -708,6 +845,8 @@ def render(result: dict) -> List[str]:
     if result["options"]:
         lines.append("  options for the KEK:")
         lines.extend(f"    - {text}" for text in result["options"])
+    if result.get("backup"):
+        lines.append(f"  keys as they were saved in: {result['backup']}")
     for secret in result.get("measured_boot", []):
         lines.append(f"  PCR 7 secret: {secret['device']}: {secret['detail']}")
     if not result["steps"] and not result["remaining"]:
@@ -720,6 +859,9 @@ def firmware_directory(args) -> Path:
     dump = bool(args.efivars)
     if dump and not args.dry_run:
         raise Error("--efivars DIR --fix plans from a dump: add --dry-run")
+    if args.root and not Path(args.root).is_dir():
+        # A root the admin named is bad input, not a host without UEFI (as for the check).
+        raise Error(f"{args.root}: no such directory")
     directory = Path(args.efivars) if dump else Path(args.root or "/") / EFIVARS
     if not directory.is_dir():
         if dump:
@@ -745,13 +887,24 @@ def check_secrets(result: dict, args) -> None:
     )
     if not args.dry_run:
         raise Error(message + ": nothing written")
-    print(f"secureboot-ca-check: warning: {message}", file=sys.stderr)
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
-def run_steps(directory: Path, result: dict) -> int:
-    """Apply the plan: 0, or 2 when a step failed (the rest then not run)."""
+def run_steps(directory: Path, result: dict, variables: dict, root: Path) -> int:
+    """Save the keys, then apply the plan: 0, or 2 when a step failed (the rest then
+    not run).  Whatever ends it after the keys are saved (an interruption, a bug), what
+    was applied is said on stderr."""
     check_efivarfs(directory)
-    ok = apply(directory, result)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result["backup"] = str(backup_keys(root, variables, now))
+    try:
+        ok = apply(directory, result)
+    except BaseException:
+        for step in result["steps"]:
+            if step["status"] == "running":
+                step["status"] = "interrupted"
+        print(f"{PROG}: {summary(result)}", file=sys.stderr)
+        raise
     result["written"] = any(s["status"] == "applied" for s in result["steps"])
     if ok:
         return 0
@@ -761,34 +914,68 @@ def run_steps(directory: Path, result: dict) -> int:
     return 2
 
 
+def summary(result: dict) -> str:
+    """What was written when the run ended before its end, and where the keys are."""
+    applied = [s["payload"] for s in result["steps"] if s["status"] == "applied"]
+    broken = [s["payload"] for s in result["steps"] if s["status"] == "interrupted"]
+    text = f"stopped: applied: {', '.join(applied) or 'nothing'}"
+    if broken:
+        text += f"; interrupted during (may be written): {', '.join(broken)}"
+    return text + f"; the keys as they were are in {result['backup']}"
+
+
 def report_failure(result: dict) -> None:
     failed = next(s for s in result["steps"] if s["error"])
     applied = [s["payload"] for s in result["steps"] if s["status"] == "applied"]
-    how = {"refused": "refused by the firmware", "failed": "not written"}.get(
-        failed["status"], failed["status"]
+    how = {
+        "refused": "refused by the firmware",
+        "failed": "not written",
+        "damaged": f"{failed['variable']} DAMAGED, the firmware did not append",
+    }.get(failed["status"], failed["status"])
+    line = (
+        f"{PROG}: error: {failed['payload']}: {how}: {failed['error']}; "
+        f"applied before it: {', '.join(applied) or 'nothing'}"
     )
-    print(
-        f"secureboot-ca-check: error: {failed['payload']}: {how}: {failed['error']}; "
-        f"applied before it: {', '.join(applied) or 'nothing'}",
-        file=sys.stderr,
-    )
+    if failed["warning"]:
+        line += f"; {failed['warning']}"
+    if failed["status"] == "damaged":
+        line += (
+            f"; restore the keys saved in {result['backup']} in the firmware setup "
+            "(see secureboot-ca-check(8), The risks)"
+        )
+    print(line, file=sys.stderr)
 
 
 def cmd_fix_firmware(args) -> int:
     """--fix on the running machine's efivarfs, or --efivars DIR --fix --dry-run."""
-    dump = bool(args.efivars)
     directory = firmware_directory(args)
     root = Path(args.root or "/")
+    if args.dry_run:
+        return fix_firmware(args, directory, root)
+    lock = root / LOCK
+    try:
+        os.makedirs(lock.parent, exist_ok=True)
+    except OSError as exc:
+        raise Error(f"cannot create {lock.parent}: {exc.strerror}") from None
+    with fsutil.locked(lock, wait=False):
+        return fix_firmware(args, directory, root)
+
+
+def fix_firmware(args, directory: Path, root: Path) -> int:
+    dump = bool(args.efivars)
     objects = payloads.load_objects(args.payloads, root)
     variables = efi.read_efivars(directory)
     arch = "amd64" if dump else machine_arch()  # Microsoft's files are the same for each
     result = plan(variables, objects, arch, str(directory))
     result.update({"dry_run": bool(args.dry_run), "written": False, "measured_boot": []})
     result["recovery_keys_confirmed"] = bool(args.i_have_recovery_keys)
+    result["backup"] = None
     if not dump:
         result["measured_boot"] = measured_boot_secrets(root)
     check_secrets(result, args)
-    status = run_steps(directory, result) if result["steps"] and not args.dry_run else 0
+    status = 0
+    if result["steps"] and not args.dry_run:
+        status = run_steps(directory, result, variables, root)
     if status == 0 and result["remaining"]:
         status = 1
     result["exit_status"] = status
@@ -799,11 +986,8 @@ def cmd_fix_firmware(args) -> int:
     else:
         print("\n".join(render(result)))
     for step in result["steps"]:
-        if step.get("warning"):
-            print(
-                f"secureboot-ca-check: warning: {step['payload']}: {step['warning']}",
-                file=sys.stderr,
-            )
+        if step.get("warning") and not step["error"]:
+            print(f"{PROG}: warning: {step['payload']}: {step['warning']}", file=sys.stderr)
     if status == 2:
         report_failure(result)
     return status
