@@ -877,3 +877,34 @@ def test_a_later_write_that_undoes_an_earlier_one_is_damage(
     steps = json.loads(out)["fix"]["steps"]
     assert steps[0]["status"] == "damaged" and "no longer holds it" in steps[0]["error"]
     assert "restore the keys saved in" in err
+
+
+@pytest.mark.parametrize(
+    "rel", ["KEK/ECS/KEKUpdate_ECS_PK1.bin", "KEK/XiaoMi/KEKUpdate_XiaoMi_PK1.bin"]
+)
+def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
+    """A published KEK update that does not verify against the PK it is mapped to is a
+    remaining item with its reason (never written); the db updates are still planned;
+    exit 1."""
+    objects = payloads.load_objects(str(OBJECTS))
+    sha1 = next(s for s, e in objects.kek_map.items() if f"KEK/{e['KEKUpdate']}" == rel)
+    payload = objects.read(rel, "KEK")
+    pk = next(c for c in payloads.p7_certificates(payload) if efi.fingerprint(c, "sha1") == sha1)
+    efivars = write_efivars(tmp_path / "d", ovmf_variables(PK=fix.signature_list(efi.der(pk))))
+    rc, out, err = run(
+        capsys,
+        "--efivars",
+        str(efivars),
+        "--fix",
+        "--dry-run",
+        "--json",
+        "--payloads",
+        str(OBJECTS),
+    )
+    assert rc == 1, err
+    doc = json.loads(out)["fix"]
+    assert [s["variable"] for s in doc["steps"]] == ["db", "db", "db"]
+    assert [r["variable"] for r in doc["remaining"]] == ["KEK"]
+    assert rel in doc["remaining"][0]["reason"]
+    assert "does not verify against this machine's PK" in doc["remaining"][0]["reason"]
+    assert doc["kek_update"]["published"] and doc["options"]

@@ -157,9 +157,11 @@ def kek_step(result, variables, objects, held, pk_certs, pk_entry) -> None:
         if verdict.reason == payloads.PK_MISMATCH:
             kek["reason"] = f"{payload.path}: {verdict.reason}"
         elif not verdict.ok:
-            raise Error(
+            # Published but unusable (ECS's PK1, Xiaomi's PK1-PK5): never written; the
+            # db updates, which do not depend on it, go ahead.
+            kek["reason"] = (
                 f"{payload.path}: does not verify against this machine's PK "
-                f"({verdict.reason}): nothing written"
+                f"({verdict.reason}): not written"
             )
     if verdict is None or not verdict.ok:
         result["remaining"].append(remaining(target, "KEK", kek["reason"]))
