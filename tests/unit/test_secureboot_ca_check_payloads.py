@@ -409,3 +409,42 @@ def test_sha1_is_refused_where_edk2_looks(objects, pk_chain):
         pytest.skip("this python3-cryptography cannot make a SHA-1 PKCS#7 signature")
     verdict = payloads.verify_payload(payload, root[1])
     assert not verdict.ok and "where edk2 looks" in verdict.reason
+
+
+def undecodable_certificate(payload):
+    """DBUpdate3P2023.bin with one byte of the KEK CA 2011 copy it carries changed: an
+    OID whose last byte keeps the continuation bit (DER no certificate parser takes)."""
+    blob = bytearray(payload.blob)
+    assert blob[2042] == 0x0E
+    blob[2042] = 0xD7
+    return payloads.parse_payload(bytes(blob), payload.path, "db")
+
+
+def test_a_certificate_that_cannot_be_parsed_is_a_malformed_pkcs7(tmp_path, objects, kek_2011):
+    """edk2's Pkcs7Verify starts with d2i_PKCS7, which rejects the whole structure when
+    one of its certificates is undecodable: so does the verifier (it once skipped the
+    certificate and verified through the signer's)."""
+    broken = undecodable_certificate(objects.db_update("amd64", "DBUpdate3P2023.bin"))
+    verdict = payloads.verify_payload(broken, kek_2011)
+    assert not verdict.ok and verdict.reason.startswith("malformed PKCS#7"), verdict.reason
+    if shutil.which("openssl"):
+        assert not openssl_verifies(tmp_path, broken, kek_2011)
+
+
+def test_a_db_update_with_a_malformed_pkcs7_stops_the_fix(tmp_path, capsys, objects):
+    from test_secureboot_ca_check_efivarfs import ami_variables, run, write_efivars
+
+    copy = tmp_path / "objects"
+    shutil.copytree(OBJECTS, copy)
+    for arch, folder in payloads.ARCHES.items():
+        path = copy / "PostSignedObjects/Optional/DB" / folder / "DBUpdate3P2023.bin"
+        path.write_bytes(
+            undecodable_certificate(objects.db_update(arch, "DBUpdate3P2023.bin")).blob
+        )
+    efivars = write_efivars(tmp_path / "ami", ami_variables())
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(copy)
+    )
+    assert rc == 2 and out == ""
+    assert "DBUpdate3P2023.bin: does not verify" in err and "malformed PKCS#7" in err
+    assert len(err.strip().splitlines()) == 1

@@ -13,6 +13,7 @@ from asn1crypto import cms
 from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.serialization import pkcs7
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from debadmin.errors import Error
@@ -140,6 +141,9 @@ class Verdict:
     reason: str = ""
     chain: List[str] = field(default_factory=list)  # signer first, anchor last (names)
     signer_in_p7: bool = True
+
+
+MALFORMED = "malformed PKCS#7"
 
 
 def load_der_cert(der: bytes) -> Optional[x509.Certificate]:
@@ -285,11 +289,11 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
     to trusted (the signer itself or an issuer in its chain)."""
     try:
         sd = signed_data(p7)
+        pool = certificate_pool(sd)
     except Exception as exc:
-        return Verdict(False, f"malformed PKCS#7 ({exc.__class__.__name__}: {exc})")
+        return Verdict(False, f"{MALFORMED} ({exc.__class__.__name__}: {exc})")
     # Content inside the PKCS#7 is not an error: without PKCS7_NO_DUAL_CONTENT (edk2 does
     # not pass it) OpenSSL digests the data passed in and ignores it.
-    pool = certificate_pool(sd)
     signers = list(sd["signer_infos"])
     if not signers:
         return Verdict(False, "no signer in the PKCS#7")
@@ -302,12 +306,20 @@ def verify_p7_quietly(p7: bytes, message: bytes, trusted: x509.Certificate) -> V
 
 
 def certificate_pool(sd: cms.SignedData) -> List[x509.Certificate]:
+    """The PKCS#7's certificates; ValueError when one cannot be parsed: OpenSSL's
+    d2i_PKCS7, which edk2's Pkcs7Verify calls first, then rejects the whole structure
+    (so does OpenSSL's own PKCS#7 reader, asked through python3-cryptography)."""
     pool = []
     for choice in sd["certificates"] or []:
         if choice.name == "certificate":
             cert = load_der_cert(choice.chosen.dump())
-            if cert is not None:
-                pool.append(cert)
+            if cert is None:
+                raise ValueError("a certificate in it cannot be parsed")
+            pool.append(cert)
+    wrapped = cms.ContentInfo({"content_type": "signed_data", "content": sd}).dump()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pkcs7.load_der_pkcs7_certificates(wrapped)  # ValueError where OpenSSL refuses it
     return pool
 
 
