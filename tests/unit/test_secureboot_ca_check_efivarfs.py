@@ -908,3 +908,131 @@ def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
     assert rel in doc["remaining"][0]["reason"]
     assert "does not verify against this machine's PK" in doc["remaining"][0]["reason"]
     assert doc["kek_update"]["published"] and doc["options"]
+
+
+# --- interruptions, the immutable flag, the lock ----------------------------------------------
+
+
+def immutable_db(root: Path) -> Path:
+    db = root / efivarfs.EFIVARS / f"db-{efi.IMAGE_SECURITY_GUID}"
+    if not chattr("+i", db):
+        pytest.skip("cannot set the immutable flag here (not root, or no inode flags)")
+    return db
+
+
+def is_immutable(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return bool(efivarfs.get_flags(handle.fileno()) & efivarfs.FS_IMMUTABLE_FL)
+
+
+def test_an_interruption_in_the_write_restores_the_flag(
+    tmpfs, capsys, any_filesystem, monkeypatch
+):
+    """KeyboardInterrupt raised as the firmware's write returns (a signal arriving then,
+    before signals were blocked): the flag is set again and stderr says what was
+    applied, what may be written and where the keys are."""
+    firmware(monkeypatch)
+    root = fake_machine(tmpfs, ami_variables())
+    db = immutable_db(root)
+    real = efivarfs.write_once
+
+    def write_then_interrupt(path, data):
+        real(path, data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(efivarfs, "write_once", write_then_interrupt)
+    try:
+        rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+        assert is_immutable(db)
+    finally:
+        chattr("-i", db)
+    assert rc == 130
+    assert "stopped: applied: nothing; interrupted during (may be written): " in err
+    assert "Optional/DB/amd64/DBUpdate3P2023.bin" in err
+    assert "the keys as they were are in " + str(root / "var/lib/secureboot-ca-check") in err
+
+
+def test_a_signal_during_a_step_waits_for_its_read_back(
+    tmpfs, capsys, any_filesystem, monkeypatch
+):
+    """SIGHUP sent during the first write is held until that step is read back: it is
+    applied, nothing more is written, and stderr says so."""
+    firmware(monkeypatch)
+    root = fake_machine(tmpfs, ami_variables())
+    real = efivarfs.write_once
+    calls = []
+
+    def write_and_signal(path, data):
+        calls.append(path.name)
+        real(path, data)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    def hangup(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(efivarfs, "write_once", write_and_signal)
+    previous = signal.signal(signal.SIGHUP, hangup)
+    try:
+        rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert rc == 130 and len(calls) == 1
+    assert "stopped: applied: Optional/DB/amd64/DBUpdate3P2023.bin; the keys" in err
+    assert "interrupted during" not in err
+
+
+def test_a_flag_not_restored_after_a_refused_write_is_said(
+    tmpfs, capsys, any_filesystem, monkeypatch
+):
+    root = fake_machine(tmpfs, ami_variables())
+    db = immutable_db(root)
+    real_set_flags = efivarfs.set_flags
+
+    def refused(path, data):
+        raise efivarfs.WriteError("write", OSError(errno.EACCES, os.strerror(errno.EACCES)))
+
+    def set_flags(fd, flags):
+        if flags & efivarfs.FS_IMMUTABLE_FL:
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        real_set_flags(fd, flags)
+
+    monkeypatch.setattr(efivarfs, "write_once", refused)
+    monkeypatch.setattr(efivarfs, "set_flags", set_flags)
+    try:
+        rc, out, err = run(
+            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
+        )
+    finally:
+        chattr("-i", db)
+    assert rc == 2
+    step = json.loads(out)["fix"]["steps"][0]
+    assert step["status"] == "refused" and step["error"].startswith("EACCES")
+    assert "immutable flag again failed: EPERM" in step["warning"]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "refused by the firmware" in lines[0] and "EPERM" in lines[0]
+
+
+def test_a_root_that_does_not_exist_is_an_error(tmp_path, capsys):
+    for extra in ([], ["--dry-run"]):
+        rc, out, err = run(capsys, "--root", str(tmp_path / "none"), "--fix", *extra)
+        assert rc == 2 and err.strip().endswith("none: no such directory"), err
+
+
+def test_a_second_fix_meanwhile_is_refused(tmp_path, capsys, any_filesystem):
+    root = fake_machine(tmp_path, ami_variables())
+    before = snapshot(root)
+    lock = root / "run/lock/secureboot-ca-check.lock"
+    lock.parent.mkdir(parents=True)
+    with efivarfs.fsutil.locked(lock):
+        rc, out, err = run(
+            capsys,
+            "--root",
+            str(root),
+            "--fix",
+            "--i-have-recovery-keys",
+            "--payloads",
+            str(OBJECTS),
+        )
+    assert rc == 2 and "locked by another process" in err and out == ""
+    assert snapshot(root) == before
+    assert not (root / "var/lib/secureboot-ca-check").exists()

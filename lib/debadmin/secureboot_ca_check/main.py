@@ -315,7 +315,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return exc.code
     except Error:
         raise
-    except Exception as exc:  # one line, never a traceback (the writes are atomic)
+    except Exception as exc:
+        # One line, never a traceback.  A varstore's writes are atomic (the old file or the
+        # new one); firmware writes are not undone: cmd_fix_firmware has already said on
+        # stderr what was applied and where the keys are saved.
         log.debug("unexpected failure", exc_info=True)
         raise Error(checks.printable(f"cannot fix ({exc.__class__.__name__}: {exc})")) from None
 
