@@ -1036,3 +1036,31 @@ def test_a_second_fix_meanwhile_is_refused(tmp_path, capsys, any_filesystem):
     assert rc == 2 and "locked by another process" in err and out == ""
     assert snapshot(root) == before
     assert not (root / "var/lib/secureboot-ca-check").exists()
+
+
+def test_the_kek_update_is_not_read_when_kek_holds_the_2023_ca(tmp_path, capsys):
+    """A truncated KEK update file does not matter on a machine whose KEK already holds
+    the KEK 2K CA 2023: the map is read, the file is not."""
+    copy = tmp_path / "objects"
+    shutil.copytree(OBJECTS, copy)
+    (copy / "PostSignedObjects/KEK/AMI/KEKUpdate_AMI_PK1.bin").write_bytes(bytes(10))
+    objects = payloads.load_objects(str(OBJECTS))
+    kek = ovmf_variables()["KEK"] + fix.signature_list(objects.certificate("kek_2k_ca_2023"))
+    db = ovmf_variables()["db"] + b"".join(
+        fix.signature_list(objects.certificate(ca)) for ca in payloads.DB_UPDATES.values()
+    )
+    efivars = write_efivars(tmp_path / "done", ami_variables(KEK=kek, db=db))
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--json", "--payloads", str(copy)
+    )
+    assert rc == 0, err
+    doc = json.loads(out)["fix"]
+    assert doc["steps"] == [] and len(doc["present"]) == 4
+    assert doc["kek_update"]["published"]
+    assert doc["kek_update"]["payload"] == "KEK/AMI/KEKUpdate_AMI_PK1.bin"
+    # Where the KEK lacks it, the truncated file is an error, as before.
+    efivars = write_efivars(tmp_path / "ami", ami_variables(db=db))
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(copy)
+    )
+    assert rc == 2 and "truncated" in err

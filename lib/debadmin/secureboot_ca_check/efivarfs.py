@@ -145,11 +145,15 @@ def kek_step(result, variables, objects, held, pk_certs, pk_entry) -> None:
     """The KEK update signed by this PK: a step, or what remains and the options."""
     kek = result["kek_update"]
     target = payloads.KEK_TARGET
-    found, payload = lookup_kek_update(objects, pk_certs)
-    kek.update(found)
     if payloads.FINGERPRINTS[target] in held:
+        # Already there: the update is looked up in the map, not read (a truncated or
+        # missing file does not matter then).
+        found, _ = lookup_kek_update(objects, pk_certs, read=False)
+        kek.update(found)
         result["present"].append(target)
         return
+    found, payload = lookup_kek_update(objects, pk_certs)
+    kek.update(found)
     verdict = None
     if payload is not None:
         check_adds(payload, target)
@@ -225,8 +229,11 @@ def db_step(
     return None
 
 
-def lookup_kek_update(objects: payloads.Objects, pk_certs: List[x509.Certificate]):
-    """(the JSON of the look-up, the payload or None) for the machine's PK."""
+def lookup_kek_update(
+    objects: payloads.Objects, pk_certs: List[x509.Certificate], read: bool = True
+):
+    """(the JSON of the look-up, the payload or None) for the machine's PK; without read,
+    from the map alone (no payload, no sha256)."""
     found = {"published": False, "payload": None, "sha256": None, "reason": None}
     if len(pk_certs) != 1:
         found[
@@ -240,6 +247,9 @@ def lookup_kek_update(objects: payloads.Objects, pk_certs: List[x509.Certificate
             f"Microsoft publishes no KEK update signed by this PK ({efi.short_name(pk_certs[0])},"
             f" SHA-1 {sha1})"
         )
+        return found, None
+    if not read:
+        found.update({"published": True, "payload": rel})
         return found, None
     payload = objects.read(rel, "KEK")
     # The map is keyed by a thumbprint: confirm by the certificate itself.
