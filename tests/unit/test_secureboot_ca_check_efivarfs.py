@@ -313,8 +313,9 @@ def fake_machine(tmp_path: Path, variables: dict, devices: dict = None) -> Path:
     whose block devices are files holding real on-disk headers."""
     root = tmp_path / "root"
     write_efivars(root / efivarfs.EFIVARS, variables)
+    (root / "sys/class/block").mkdir(parents=True)
     for name, content in (devices or {}).items():
-        (root / "sys/class/block" / name).mkdir(parents=True)
+        (root / "sys/class/block" / name).mkdir()
         (root / "dev").mkdir(exist_ok=True)
         (root / "dev" / name).write_bytes(content)
     return root
@@ -625,16 +626,36 @@ def test_an_unreadable_device_refuses_the_write(tmp_path, capsys):
     assert rc == 0 and "warning" not in err
 
 
-def test_a_luks2_json_area_that_is_not_an_object_is_damaged_input(tmp_path, capsys):
+def test_a_damaged_luks2_header_is_a_secret_that_can_be_overridden(
+    tmp_path, capsys, any_filesystem, monkeypatch
+):
+    """A LUKS2 JSON area that is not an object: its tokens cannot be read, so one may be
+    bound to PCR 7: refused by default (it was refused with no way past it), written with
+    --i-have-recovery-keys."""
     head = bytearray(LUKS_PCR7)
     area = b'["not", "an", "object"]'
     head[4096 : 4096 + 16384 - 4096] = area + bytes(16384 - 4096 - len(area))
     root = fake_machine(tmp_path, ami_variables(), {"vda3": bytes(head)})
+    rc, found, err = secrets_json(capsys, root)
+    assert rc == 0 and [(s["kind"], s["device"]) for s in found] == [
+        ("luks2-damaged", "/dev/vda3")
+    ]
+    assert "damaged LUKS2 header" in found[0]["detail"]
+    before = snapshot(root)
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and "/dev/vda3" in err and "nothing written" in err
+    assert snapshot(root) == before
+    firmware(monkeypatch)
     rc, out, err = run(
-        capsys, "--root", str(root), "--fix", "--dry-run", "--payloads", str(OBJECTS)
+        capsys,
+        "--root",
+        str(root),
+        "--fix",
+        "--i-have-recovery-keys",
+        "--payloads",
+        str(OBJECTS),
     )
-    assert rc == 2 and out == ""
-    assert err.count("\n") == 1 and "/dev/vda3: damaged LUKS2 header" in err
+    assert rc == 0, err
 
 
 def test_a_luks2_token_that_is_not_an_object_is_assumed_bound():
@@ -731,6 +752,40 @@ def test_crypttab_entries_that_may_use_the_tpm(tmp_path, capsys):
     assert "tpm2-device=auto" in found[0]["detail"] and "header=" in found[2]["detail"]
     rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
     assert rc == 2 and "/etc/crypttab data" in err
+
+
+def test_an_unlistable_sys_class_block_is_unchecked(tmp_path, capsys):
+    """Without ROOT/sys/class/block no block device can be checked: fail closed."""
+    root = fake_machine(tmp_path, ami_variables())
+    (root / "sys/class/block").rmdir()
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [("unchecked", "/sys/class/block")]
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    assert rc == 2 and "--i-have-recovery-keys" in err
+
+
+def test_more_credential_stores_and_units(tmp_path, capsys):
+    root = fake_machine(tmp_path, ami_variables())
+    files = {
+        "run/credstore.encrypted/token": "x",
+        "usr/local/lib/credstore.encrypted/key": "x",
+        "etc/systemd/system/app.service": "[Service]\nExecStart=/bin/true\n",
+        "etc/systemd/system/web.service.d/creds.conf": "[Service]\n"
+        "LoadCredentialEncrypted=tls.key:/srv/tls.key.cred\n",
+        "usr/lib/systemd/system/db.service": "[Service]\nSetCredentialEncrypted=pw: \\\n k=\n",
+        "usr/lib/systemd/system/off.service": "[Service]\n# SetCredentialEncrypted=pw:\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    rc, found, err = secrets_json(capsys, root)
+    assert [(s["kind"], s["device"]) for s in found] == [
+        ("credential", "/run/credstore.encrypted"),
+        ("credential", "/usr/local/lib/credstore.encrypted"),
+        ("credential", "/etc/systemd/system/web.service.d/creds.conf"),
+        ("credential", "/usr/lib/systemd/system/db.service"),
+    ]
+    assert found[2]["detail"].startswith("LoadCredentialEncrypted=:")
 
 
 def test_systemd_credentials_and_homed_areas(tmp_path, capsys):

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import struct
 import sys
@@ -47,6 +48,20 @@ MAX_LUKS_JSON = 4 << 20
 # between the 592-byte LUKS1 header with its key slots and the payload.
 LUKS1_HEADER = 592
 LUKSMETA_MAGIC = b"LUKSMETA"
+# Where systemd looks for credentials (systemd.exec(5), "Credentials"), and its units.
+CREDSTORE_DIRS = ["etc", "run", "usr/local/lib", "usr/lib"]
+UNIT_DIRS = [
+    "etc/systemd/system",
+    "run/systemd/system",
+    "usr/local/lib/systemd/system",
+    "usr/lib/systemd/system",
+    "lib/systemd/system",
+    "etc/systemd/user",
+    "usr/lib/systemd/user",
+]
+ENCRYPTED_CREDENTIAL = re.compile(
+    r"^[ \t]*(SetCredentialEncrypted|LoadCredentialEncrypted)[ \t]*=", re.MULTILINE
+)
 
 
 # --- what the firmware holds, and the plan ----------------------------------------------------
@@ -412,7 +427,10 @@ def device_secrets(device: Path, head: bytes) -> List[dict]:
     try:
         metadata = luks2_metadata(head)
     except ValueError as exc:
-        raise Error(f"{shown}: {exc}") from None
+        # Its tokens cannot be read: one may be bound to PCR 7 (fail closed, but
+        # overridable like any other secret).
+        detail = f"{exc}: its tokens cannot be read, one may be bound to PCR 7"
+        return [{"kind": "luks2-damaged", "device": shown, "detail": detail}]
     tokens = luks2_tokens_pcr7(metadata) if metadata is not None else []
     return [{"kind": "luks2-tpm2", "device": shown, "detail": t} for t in tokens]
 
@@ -426,8 +444,11 @@ def block_device_secrets(root: Path) -> List[dict]:
     sysblock = root / "sys/class/block"
     try:
         names = sorted(os.listdir(sysblock))
-    except OSError:
-        return found
+    except OSError as exc:
+        detail = (
+            f"cannot be listed ({exc.strerror}): a block device may hold a secret sealed to PCR 7"
+        )
+        return [{"kind": "unchecked", "device": "/sys/class/block", "detail": detail}]
     for name in names:
         kind = udev_fs_type(root, name)
         if kind is not None and kind not in ("crypto_LUKS", "BitLocker"):
@@ -484,13 +505,9 @@ def credential_secrets(root: Path) -> List[dict]:
     """systemd's encrypted credentials (credstore.encrypted, *.cred: systemd-creds may
     have sealed them to the TPM) and systemd-homed home areas (LUKS, maybe TPM-bound)."""
     found = []
-    places = [
-        ("etc/credstore.encrypted", "*"),
-        ("etc/credstore", "*.cred"),
-        ("usr/lib/credstore.encrypted", "*"),
-        ("var/lib/systemd/home", "*.identity"),
-        ("home", "*.home"),
-    ]
+    places = [(f"{d}/credstore.encrypted", "*") for d in CREDSTORE_DIRS]
+    places += [(f"{d}/credstore", "*.cred") for d in CREDSTORE_DIRS]
+    places += [("var/lib/systemd/home", "*.identity"), ("home", "*.home")]
     for where, pattern in places:
         directory = root / where
         try:
@@ -510,10 +527,45 @@ def credential_secrets(root: Path) -> List[dict]:
     return found
 
 
+def unit_files(directory: Path):
+    """The unit files and drop-ins under a unit directory (symbolic links, which point
+    at units read where they are, and masks, skipped)."""
+    for top, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        for name in sorted(files):
+            path = Path(top) / name
+            if not path.is_symlink():
+                yield path
+
+
+def unit_credential_secrets(root: Path) -> List[dict]:
+    """Units that decrypt a credential (SetCredentialEncrypted=, LoadCredentialEncrypted=):
+    systemd-creds may have sealed it to the TPM."""
+    found = []
+    for where in UNIT_DIRS:
+        for path in unit_files(root / where):
+            try:
+                with open(path, "rb") as handle:
+                    text = handle.read(1 << 20).decode("utf-8", "replace")
+            except OSError:
+                continue
+            keys = sorted(set(ENCRYPTED_CREDENTIAL.findall(text)))
+            if keys:
+                shown = f"/{path.relative_to(root)}"
+                detail = f"{', '.join(k + '=' for k in keys)}: may be sealed to the TPM (PCR 7)"
+                found.append({"kind": "credential", "device": shown, "detail": detail})
+    return found
+
+
 def measured_boot_secrets(root: Path) -> List[dict]:
     """Everything the change of PCR 7 may lock out, as far as it can be detected (the
     man page lists what cannot)."""
-    return block_device_secrets(root) + crypttab_secrets(root) + credential_secrets(root)
+    return (
+        block_device_secrets(root)
+        + crypttab_secrets(root)
+        + credential_secrets(root)
+        + unit_credential_secrets(root)
+    )
 
 
 # --- writing through efivarfs --------------------------------------------------------------
