@@ -963,6 +963,10 @@ def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
     assert rel in doc["remaining"][0]["reason"]
     assert "does not verify against this machine's PK" in doc["remaining"][0]["reason"]
     assert doc["kek_update"]["published"] and doc["options"]
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(OBJECTS)
+    )
+    assert rc == 1 and f"published ({rel}), not usable" in out and "fwupd can" not in out
 
 
 # --- interruptions, the immutable flag, the lock ----------------------------------------------

@@ -878,7 +878,9 @@ def render(result: dict) -> List[str]:
     pk = result["pk"]
     lines.append(f"  PK: {pk['subject'] + ' (SHA-1 ' + pk['sha1'] + ')' if pk else 'not usable'}")
     kek = result["kek_update"]
-    if kek["published"]:
+    if kek["published"] and kek["reason"]:
+        lines.append(f"  KEK update for this PK: published ({kek['payload']}), not usable")
+    elif kek["published"]:
         lines.append(
             f"  KEK update for this PK: published ({kek['payload']}); fwupd can apply it too"
         )
