@@ -333,3 +333,41 @@ def test_session_block_skips_the_purge_only_for_plain_builds(tmp_path, argv, pur
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == purge
+
+
+def test_block_backend_reads_the_earlier_choice():
+    session = sbs.config_block("unshare", "0.85.0", None, None, "/usr/bin/sbuild-fast")
+    unshare = sbs.config_block("unshare", "0.85.0", None, None)
+    schroot = sbs.config_block("schroot", "0.85.0", None, None)
+    mine = "$build_arch_all = 1;\n$chroot_mode = 'autopkgtest';\n"  # the user's own, outside
+    assert sbs.block_backend(mine + session) == "session"
+    assert sbs.block_backend(mine + unshare) == "unshare"
+    assert sbs.block_backend(schroot) is None
+    assert sbs.block_backend(mine) is None
+    assert sbs.block_backend("") is None
+
+
+@pytest.mark.parametrize(
+    "option, existing, expected",
+    [
+        ("unshare", "session", "unshare"),
+        ("session", "unshare", "session"),
+        (None, "unshare", "unshare"),  # a rerun keeps the admin's choice
+        (None, "session", "session"),
+        (None, None, "session"),  # the default where nothing was chosen
+    ],
+)
+def test_create_keeps_the_backend_chosen_before(
+    tmp_path, monkeypatch, capsys, option, existing, expected
+):
+    from debadmin.sbuild_fast import main as sfm
+
+    rc = tmp_path / ".sbuildrc"
+    if existing:
+        server = "/usr/bin/sbuild-fast" if existing == "session" else None
+        rc.write_text(sbs.config_block("unshare", "0.85.0", None, None, server))
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.85.0")
+    monkeypatch.setattr(sbs, "sbuildrc_path", lambda **_kw: rc)
+    assert sfm.chosen_backend(option) == expected
+    said = capsys.readouterr().out
+    assert ("keeping the" in said) == (option is None and existing is not None)

@@ -307,6 +307,21 @@ def config_block(
     return "\n".join(lines) + "\n"
 
 
+def block_backend(text: str) -> Optional[str]:
+    """The backend an existing sbuild-fast block in text chose for plain builds: 'session'
+    (sbuild's autopkgtest mode through sbuild-fast), 'unshare', or None (no block, or a
+    schroot one)."""
+    match = re.search(
+        "^" + re.escape(CONFIG_BEGIN) + r".*?^" + re.escape(CONFIG_END), text, re.M | re.S
+    )
+    if not match:
+        return None
+    modes = re.findall(r"^\$chroot_mode = '([a-z]+)';", match.group(0), re.M)
+    if modes == ["autopkgtest"]:
+        return "session"
+    return "unshare" if modes == ["unshare"] else None
+
+
 def merge_config(text: str, block: str) -> str:
     """text with its sbuild-fast block replaced by block (appended when there is none)."""
     pattern = re.compile(
