@@ -179,6 +179,7 @@ def test_config_block_selects_the_session_backend():
     # sbuild's own unshare mode keeps its settings, for --chroot-mode=unshare
     assert "$unshare_mmdebstrap_auto_create = 0;" in block and "/c/debs" in block
     assert "defaults to schroot mode" in block
+    assert "$purge_build_deps = 'never' unless grep { /^--chr/ } @ARGV;" in block
     plain = sbs.config_block("unshare", "0.89.3", None, None)
     assert "$chroot_mode = 'unshare';" in plain and "autopkgtest" not in plain
     # schroot chroots never go through the session backend
@@ -294,3 +295,79 @@ def test_handshake_reads_disk_then_ready():
         assert not sfs.read_handshake(out.stdout.fileno(), 5, disks.append)
         out.wait()
         out.stdout.close()
+
+
+@pytest.mark.skipif(
+    subprocess.run(["perl", "-MSbuild::Conf", "-e", "1"], capture_output=True).returncode != 0,
+    reason="sbuild's Sbuild::Conf is not installed",
+)
+@pytest.mark.parametrize(
+    "argv, purge",
+    [
+        ([], "never"),
+        (["-d", "bookworm", "x.dsc"], "never"),
+        (["--chroot-mode=unshare", "x.dsc"], "always"),
+        (["--chroot-mode", "schroot"], "always"),
+        (["--chroot=bookworm-amd64-sbuild"], "always"),
+        (["--purge-deps=always"], "never"),  # sbuild's own option is parsed later and wins
+    ],
+)
+def test_session_block_skips_the_purge_only_for_plain_builds(tmp_path, argv, purge):
+    """sbuild itself reads the block: a thrown-away session skips the purge of the build
+    dependencies, a chroot or chroot mode named on the command line keeps sbuild's
+    default ('always')."""
+    block = sbs.config_block(
+        "unshare", "0.85.0", "/dev/shm/tmp.sbuild.XXXXXXXXXX", None, "/usr/bin/sbuild-fast"
+    )
+    (tmp_path / ".sbuildrc").write_text(block)
+    script = (
+        "my @a = splice(@ARGV, 1); my $k = $ARGV[0]; @ARGV = @a; "
+        "my $c = Sbuild::Conf::new(); print $c->get($k)"
+    )
+    env = {"HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
+    result = subprocess.run(
+        ["perl", "-MSbuild::Conf", "-e", script, "PURGE_BUILD_DEPS", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == purge
+
+
+def test_block_backend_reads_the_earlier_choice():
+    session = sbs.config_block("unshare", "0.85.0", None, None, "/usr/bin/sbuild-fast")
+    unshare = sbs.config_block("unshare", "0.85.0", None, None)
+    schroot = sbs.config_block("schroot", "0.85.0", None, None)
+    mine = "$build_arch_all = 1;\n$chroot_mode = 'autopkgtest';\n"  # the user's own, outside
+    assert sbs.block_backend(mine + session) == "session"
+    assert sbs.block_backend(mine + unshare) == "unshare"
+    assert sbs.block_backend(schroot) is None
+    assert sbs.block_backend(mine) is None
+    assert sbs.block_backend("") is None
+
+
+@pytest.mark.parametrize(
+    "option, existing, expected",
+    [
+        ("unshare", "session", "unshare"),
+        ("session", "unshare", "session"),
+        (None, "unshare", "unshare"),  # a rerun keeps the admin's choice
+        (None, "session", "session"),
+        (None, None, "session"),  # the default where nothing was chosen
+    ],
+)
+def test_create_keeps_the_backend_chosen_before(
+    tmp_path, monkeypatch, capsys, option, existing, expected
+):
+    from debadmin.sbuild_fast import main as sfm
+
+    rc = tmp_path / ".sbuildrc"
+    if existing:
+        server = "/usr/bin/sbuild-fast" if existing == "session" else None
+        rc.write_text(sbs.config_block("unshare", "0.85.0", None, None, server))
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.85.0")
+    monkeypatch.setattr(sbs, "sbuildrc_path", lambda **_kw: rc)
+    assert sfm.chosen_backend(option) == expected
+    said = capsys.readouterr().out
+    assert ("keeping the" in said) == (option is None and existing is not None)

@@ -370,7 +370,7 @@ def _command_costs(
     costs: Dict[str, Optional[float]] = {}
     if facts["unshare_used"]:
         costs["unshare"] = cost_probe("unshare", None)
-        # Only where plain builds use it (it is opt-in): starting a session on a chroot
+        # Only where plain builds use it: starting a session on a chroot
         # that cannot hold one has been seen to hang (an autopkgtest testbed without
         # subordinate ids), and doctor must answer.
         chroot = _first_present(facts, "unshare") if facts.get("session_backend") else None

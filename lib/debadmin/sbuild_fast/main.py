@@ -800,7 +800,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     if recipe["cache"]:
         tend_cache(recipe["mode"], args.dry_run, cache_max)
     server = None
-    if recipe["mode"] == "unshare" and args.backend == "session":
+    if recipe["mode"] == "unshare" and chosen_backend(args.backend) == "session":
         server = session_backend(recipe, args.dry_run)
     rc = configure(recipe["mode"], args.configure, args.dry_run, recipe["cache"], server)
     if (
@@ -876,6 +876,23 @@ def tend_cache(mode: str, dry_run: bool, cache_max: Optional[int] = None) -> Non
         f"package cache {cache}: {result['files']} files, {mib(result['size_bytes'])} "
         f"(cap {mib(limit)}), {result['removed_files']} pruned"
     )
+
+
+def chosen_backend(option: Optional[str]) -> str:
+    """--backend when given; else the backend the sbuild-fast block already in the
+    configuration chose (a rerun keeps the admin's earlier choice); else the session
+    backend, where it works (session_backend falls back to unshare mode)."""
+    if option:
+        return option
+    rc_path = sbs.sbuildrc_path(sbuild_ver=sbs.sbuild_version())
+    earlier = sbs.block_backend(fsutil.read_text(rc_path) or "")
+    if earlier:
+        print(
+            f"keeping the {earlier} backend that {rc_path} has "
+            f"(--backend {'unshare' if earlier == 'session' else 'session'} changes it)"
+        )
+        return earlier
+    return "session"
 
 
 def session_backend(recipe: Dict, dry_run: bool) -> Optional[str]:
@@ -1182,10 +1199,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--backend",
         choices=("session", "unshare"),
-        default="unshare",
         help="what a plain 'sbuild -d DIST' uses for an unshare chroot (--configure): "
-        "sbuild's unshare mode (default) or sbuild-fast's session backend (faster, opt-in: "
-        "see the man page for what it does not yet keep)",
+        "sbuild-fast's session backend (default where it works here) or sbuild's unshare "
+        "mode; default on a rerun: what the configuration already has",
     )
     create.add_argument(
         "--configure",

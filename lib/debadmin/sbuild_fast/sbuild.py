@@ -279,6 +279,11 @@ def config_block(
             f"$chroot_mode = '{sbuild_mode}';",
             f"$autopkgtest_virt_server = {perl_quote(session_server or '')};",
             "$autopkgtest_virt_server_options = ['session', '--dist', '%r', '--arch', '%a'];",
+            "# The session is thrown away when the build ends: purging the build",
+            "# dependencies first (sbuild does it in autopkgtest mode, not in unshare",
+            "# mode) costs 1-2 s a build for nothing. Not when the command line names",
+            "# a chroot or chroot mode: that may be a chroot that persists.",
+            "$purge_build_deps = 'never' unless grep { /^--chr/ } @ARGV;",
         ]
     else:
         lines.append(f"$chroot_mode = '{mode}';")
@@ -300,6 +305,21 @@ def config_block(
     # for a cloned session, which both modes use; lintian is preinstalled when it runs).
     lines += ["1;", CONFIG_END]
     return "\n".join(lines) + "\n"
+
+
+def block_backend(text: str) -> Optional[str]:
+    """The backend an existing sbuild-fast block in text chose for plain builds: 'session'
+    (sbuild's autopkgtest mode through sbuild-fast), 'unshare', or None (no block, or a
+    schroot one)."""
+    match = re.search(
+        "^" + re.escape(CONFIG_BEGIN) + r".*?^" + re.escape(CONFIG_END), text, re.M | re.S
+    )
+    if not match:
+        return None
+    modes = re.findall(r"^\$chroot_mode = '([a-z]+)';", match.group(0), re.M)
+    if modes == ["autopkgtest"]:
+        return "session"
+    return "unshare" if modes == ["unshare"] else None
 
 
 def merge_config(text: str, block: str) -> str:
