@@ -394,3 +394,88 @@ def test_a_dead_init_makes_the_next_command_fail_and_run_nothing(tmp_path):
         session.close()
     # closed: the descriptors are released, nothing of the session is held any more
     assert session.held == {}
+
+
+def choose(arch, states, tarballs, build_arch="amd64"):
+    return sfs.choose_source(
+        "bookworm", arch, build_arch, states.get, tarballs.get, Path("/home/u/.cache/sbuild")
+    )
+
+
+def test_the_session_serves_the_sbuild_fast_chroot_of_the_host_arch():
+    states = {
+        "bookworm-amd64": {"mode": "unshare", "path": "/c/bookworm-amd64.tar"},
+        "bookworm-arm64": {"mode": "unshare", "path": "/c/bookworm-arm64.tar"},
+    }
+    source = choose("amd64", states, {})
+    assert (source.name, source.tarball) == ("bookworm-amd64", Path("/c/bookworm-amd64.tar"))
+    assert source.state is states["bookworm-amd64"]
+    # an sbuild-fast chroot of the host architecture %a wins (sbuild --arch sets both)
+    assert choose("arm64", states, {}).name == "bookworm-arm64"
+
+
+def test_a_cross_build_uses_the_build_arch_chroot_as_unshare_mode():
+    states = {"bookworm-amd64": {"mode": "unshare", "path": "/c/bookworm-amd64.tar"}}
+    tarballs = {"bookworm-arm64": Path("/c/bookworm-arm64.tar.zst")}
+    # sbuild --host=arm64 on amd64: %a is arm64, unshare mode builds in bookworm-amd64
+    source = choose("arm64", states, tarballs)
+    assert source.name == "bookworm-amd64" and source.state is not None
+    # a schroot chroot of sbuild-fast is no session's
+    states["bookworm-arm64"] = {"mode": "schroot", "path": "/srv/x"}
+    assert choose("arm64", states, {}).name == "bookworm-amd64"
+
+
+def test_without_sbuild_fast_chroots_the_session_takes_unshare_modes_tarball():
+    tarballs = {
+        "bookworm-amd64": Path("/c/bookworm-amd64.tar.zst"),
+        "bookworm-arm64": Path("/c/bookworm-arm64.tar"),
+    }
+    source = choose("amd64", {}, tarballs)
+    assert (source.name, source.state) == ("bookworm-amd64", None)
+    # cross: the build architecture's, as unshare mode finds it; else the host arch's
+    assert choose("arm64", {}, tarballs).tarball == Path("/c/bookworm-amd64.tar.zst")
+    del tarballs["bookworm-amd64"]
+    assert choose("arm64", {}, tarballs).tarball == Path("/c/bookworm-arm64.tar")
+
+
+def test_no_chroot_at_all_is_one_line_naming_what_was_looked_for():
+    with pytest.raises(Error) as found:
+        choose("arm64", {}, {})
+    message = str(found.value)
+    assert "\n" not in message
+    assert message == (
+        "no sbuild-fast chroot bookworm-arm64 or bookworm-amd64 and no bookworm-amd64.t* "
+        "or bookworm-arm64.t* in /home/u/.cache/sbuild: run 'sbuild-fast create --dist bookworm'"
+    )
+    with pytest.raises(Error, match=r"^no sbuild-fast chroot bookworm-amd64 and no "):
+        choose("amd64", {}, {})
+
+
+def test_find_unshare_tarball_matches_as_chrootunshare(tmp_path):
+    for name in ("bookworm-amd64.tar.zst", "bookworm-amd64-old.tar", "bookworm-amd64.t"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "bookworm-arm64.tar").mkdir()  # a directory: not a tarball
+    assert sbs.find_unshare_tarball(tmp_path, "bookworm-amd64") == (
+        tmp_path / "bookworm-amd64.tar.zst"
+    )
+    assert sbs.find_unshare_tarball(tmp_path, "bookworm-arm64") is None
+    assert sbs.find_unshare_tarball(tmp_path / "none", "bookworm-amd64") is None
+
+
+def test_sbuild_unshare_view_reads_build_arch_and_bind_mounts(tmp_path, monkeypatch):
+    if subprocess.run(["perl", "-MSbuild::Conf", "-e", "1"], capture_output=True).returncode:
+        pytest.skip("sbuild is not installed")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    # sbuild checks that the directories exist
+    (tmp_path / "a b").mkdir()
+    (tmp_path / "c").mkdir()
+    (tmp_path / ".sbuildrc").write_text(
+        "$build_arch = 'i386';\n"
+        f"$unshare_bind_mounts = [{{ directory => '{tmp_path}/a b', mountpoint => '/a' }},\n"
+        f"                        {{ directory => '{tmp_path}/c', mountpoint => '/c' }}];\n1;\n"
+    )
+    assert sbs.sbuild_unshare_view() == (
+        "i386",
+        [(tmp_path / "a b", "/a"), (tmp_path / "c", "/c")],
+    )

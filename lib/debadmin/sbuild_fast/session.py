@@ -695,6 +695,44 @@ def _check_hardening(argv: Sequence[str]) -> None:
         )
 
 
+class Source:
+    """What a session unpacks: an sbuild-fast chroot's tarball (state: its record), or the
+    tarball sbuild's unshare mode would find (state None)."""
+
+    def __init__(self, name: str, tarball: Path, state: Optional[Dict]) -> None:
+        self.name, self.tarball, self.state = name, tarball, state
+
+
+def choose_source(
+    dist: str,
+    arch: str,
+    build_arch: str,
+    state_of: Callable[[str], Optional[Dict]],
+    tarball_of: Callable[[str], Optional[Path]],
+    cache_dir: Path,
+) -> Source:
+    """The chroot a session serves for sbuild's %r (dist) and %a (arch, the host
+    architecture): the sbuild-fast chroot DIST-ARCH; for a cross build without it, DIST-
+    BUILD_ARCH (sbuild's unshare mode picks the chroot by BUILD_ARCH); with no sbuild-fast
+    chroot of either, the tarball unshare mode finds for DIST-BUILD_ARCH (then DIST-ARCH:
+    sbuild --arch sets both) in cache_dir; else one error naming what was looked for."""
+    names = [f"{dist}-{arch}"] + ([f"{dist}-{build_arch}"] if build_arch != arch else [])
+    for name in names:
+        state = state_of(name)
+        if state is not None and state.get("mode") == "unshare" and state.get("path"):
+            return Source(name, Path(state["path"]), state)
+    for name in reversed(names):
+        tarball = tarball_of(name)
+        if tarball is not None:
+            return Source(name, tarball, None)
+    wanted = " or ".join(names)
+    files = " or ".join(f"{n}.t*" for n in reversed(names))
+    raise Error(
+        f"no sbuild-fast chroot {wanted} and no {files} in {cache_dir}: "
+        f"run 'sbuild-fast create --dist {dist}'"
+    )
+
+
 def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
     if state.get("cache", True) and cache_dir.is_dir():
         return [(cache_dir, "/var/cache/apt/archives")]
