@@ -306,6 +306,8 @@ class Session:
         self.tmp_parent = tmp_parent
         self.proc: Optional[subprocess.Popen] = None
         self.init_pid: Optional[int] = None
+        # init's pidfd: close() kills init, never a process that took its pid since
+        self.init_pidfd: Optional[int] = None
         self.offline_pid: Optional[int] = None
         self.mountpoint: Optional[Path] = None
         self.disk: Optional[str] = None
@@ -430,7 +432,16 @@ class Session:
         if len(children) != 1:
             self.close()
             raise Error(f"the session's init is not the one child of {self.proc.pid}")
-        return int(children[0])
+        pid = int(children[0])
+        try:
+            self.init_pidfd = os.pidfd_open(pid)
+        except OSError:
+            pass
+        # still unshare's (unreaped) child: the pidfd is init's, not a later process's
+        if self.init_pidfd is None or path.read_text().split() != children:
+            self.close()
+            raise Error("the session's init died as it started")
+        return pid
 
     def _offline_pid(self) -> int:
         """The child of init that keeps the offline commands' mount namespace."""
@@ -497,11 +508,14 @@ class Session:
             self.alive_w = None
         if self.proc is not None:
             with _suppress_missing():
-                if self.init_pid:
-                    os.kill(self.init_pid, signal.SIGKILL)
+                if self.init_pidfd is not None:
+                    signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
                 else:
                     self.proc.kill()  # --kill-child passes it on
             self.proc.wait()
+            if self.init_pidfd is not None:
+                os.close(self.init_pidfd)
+                self.init_pidfd = None
             if self.proc.stdout:
                 self.proc.stdout.close()
             self.proc = None
@@ -670,8 +684,8 @@ def _check_per_command(session: "Session", argv: Sequence[str]) -> None:
 def _check_dead_init(session: "Session", argv: Sequence[str]) -> None:
     """Once the session's init is dead, a command fails and runs nothing (the argv
     enters held namespaces, never a pid that another process may have taken)."""
-    assert session.proc and session.init_pid
-    os.kill(session.init_pid, signal.SIGKILL)
+    assert session.proc and session.init_pidfd is not None
+    signal.pidfd_send_signal(session.init_pidfd, signal.SIGKILL)
     session.proc.wait(timeout=30)  # unshare returns once init is gone
     ran = subprocess.run([*argv, "echo", "sbuild-fast-ran"], capture_output=True, text=True)
     if ran.returncode == 0 or "sbuild-fast-ran" in ran.stdout:
