@@ -2,6 +2,7 @@
 argv, the id ranges, the tmpfs decision and the sbuild block that selects it."""
 
 import io
+import os
 import re
 import subprocess
 import tempfile
@@ -77,6 +78,8 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     session = sfs.Session(Path("/nonexistent"), "u", [], tmp_path)
     session.init_pid = 4242
     session.offline_pid = 4343
+    names = [*sfs.NAMESPACES, "root", "offline-mnt", "offline-root"]
+    session.held = {name: 10 + i for i, name in enumerate(names)}
     argv = session.exec_argv()
     out = subprocess.run(
         [*argv, *command],
@@ -87,17 +90,34 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
     ).stdout.splitlines()
     sep = out.index("--")
     options, rest = out[:sep], out[sep + 1 :]
-    assert options[:2] == ["-t", "4343" if offline else "4242"]
-    assert {"-U", "-m", "-p", "-r", "-w"} <= set(options)
-    assert ("-n" in options) is offline
-    # each command in a pid namespace of its own: what it leaves behind dies with it
+    # the held descriptors by path, never a pid (one another process may have taken)
+    fd = f"/proc/{os.getpid()}/fd/"
+    mnt, root = (17, 18) if offline else (11, 16)
+    assert options == [
+        f"--user={fd}10",
+        f"--mount={fd}{mnt}",
+        f"--uts={fd}12",
+        f"--ipc={fd}13",
+        f"--pid={fd}14",
+        *([f"--net={fd}15"] if offline else []),
+        f"--wd={fd}{root}",
+    ]
+    assert not any("4242" in o or "4343" in o for o in options)
+    # each command in a pid, mount, ipc and uts namespace of its own, with a fresh /proc
+    # and /dev/shm: what it leaves behind dies with it
     assert rest == [
         "unshare",
         "--pid",
         "--fork",
         "--kill-child",
-        "--mount-proc",
+        "--mount-proc=proc",
+        "--ipc",
+        "--uts",
         "--",
+        "/bin/sh",
+        "-c",
+        sfs.COMMAND_SCRIPT,
+        "sbuild-fast-command",
         *command,
     ]
 
@@ -371,3 +391,168 @@ def test_create_keeps_the_backend_chosen_before(
     assert sfm.chosen_backend(option) == expected
     said = capsys.readouterr().out
     assert ("keeping the" in said) == (option is None and existing is not None)
+
+
+def started_session(tmp_path):
+    """A real session (namespaces, init, the held descriptors) on a tiny tree whose /usr
+    is the host's, bound in: for a normal user with subordinate ids (sbuild's case)."""
+    import pwd
+    import tarfile
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    if os.getuid() == 0:
+        pytest.skip("a session is a normal user's (root's subordinate ids differ here)")
+    if not Path("/bin").is_symlink():
+        pytest.skip("the host's /usr is not merged: the tiny tree cannot borrow it")
+    try:
+        sfs.subid_range("subuid", user)
+        sfs.subid_range("subgid", user)
+    except Error as exc:
+        pytest.skip(str(exc))
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"]).returncode != 0:
+        pytest.skip("unprivileged user namespaces are not available here")
+    tree = tmp_path / "tree"
+    for d in ("etc", "dev", "mnt", "proc", "sys", "tmp", "usr"):
+        (tree / d).mkdir(parents=True)
+    for link in ("bin", "sbin", "lib", "lib64"):
+        if Path("/" + link).is_symlink():
+            (tree / link).symlink_to(os.readlink("/" + link))
+    tarball = tmp_path / "tiny.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(tree, arcname=".")
+    session = sfs.Session(tarball, user, [(Path("/usr"), "/usr")], sfs.mountpoint_parent())
+    session.announce = False
+    session.open()
+    return session
+
+
+def test_each_command_gets_its_own_shm_ipc_and_hostname(tmp_path):
+    session = started_session(tmp_path)
+    try:
+        argv = session.exec_argv()
+
+        def run(script):
+            out = subprocess.run([*argv, "sh", "-c", script], capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            return out.stdout.split("\n")
+
+        # a file in /dev/shm, a SysV shared memory segment, a hostname: left by one command
+        first = run(
+            "cat /proc/sys/kernel/hostname; echo x > /dev/shm/left; ipcmk -M 4096 >/dev/null;"
+            " ipcs -m | grep -c '^0x'; hostname other; cat /proc/sys/kernel/hostname"
+        )
+        assert first[:3] == ["sbuild", "1", "other"]
+        # ... and gone for the next one, as in sbuild's unshare mode
+        second = run(
+            "cat /proc/sys/kernel/hostname; ls -A /dev/shm | wc -l; ipcs -m | grep -c '^0x'"
+            " || true"
+        )
+        assert second[:3] == ["sbuild", "0", "0"]
+    finally:
+        session.close()
+
+
+def test_a_dead_init_makes_the_next_command_fail_and_run_nothing(tmp_path):
+    import signal
+
+    session = started_session(tmp_path)
+    try:
+        argv = session.exec_argv()
+        alive = subprocess.run([*argv, "echo", "ran"], capture_output=True, text=True)
+        assert alive.stdout == "ran\n"  # the control
+        os.kill(session.init_pid, signal.SIGKILL)
+        session.proc.wait(timeout=30)
+        for offline in ([], ["dpkg-buildpackage"]):
+            dead = subprocess.run(
+                [*argv, "sh", "-c", "echo ran", *offline], capture_output=True, text=True
+            )
+            assert dead.returncode != 0 and dead.stdout == ""
+    finally:
+        session.close()
+    # closed: the descriptors are released, nothing of the session is held any more
+    assert session.held == {}
+
+
+def choose(arch, states, tarballs, build_arch="amd64"):
+    return sfs.choose_source(
+        "bookworm", arch, build_arch, states.get, tarballs.get, Path("/home/u/.cache/sbuild")
+    )
+
+
+def test_the_session_serves_the_sbuild_fast_chroot_of_the_host_arch():
+    states = {
+        "bookworm-amd64": {"mode": "unshare", "path": "/c/bookworm-amd64.tar"},
+        "bookworm-arm64": {"mode": "unshare", "path": "/c/bookworm-arm64.tar"},
+    }
+    source = choose("amd64", states, {})
+    assert (source.name, source.tarball) == ("bookworm-amd64", Path("/c/bookworm-amd64.tar"))
+    assert source.state is states["bookworm-amd64"]
+    # an sbuild-fast chroot of the host architecture %a wins (sbuild --arch sets both)
+    assert choose("arm64", states, {}).name == "bookworm-arm64"
+
+
+def test_a_cross_build_uses_the_build_arch_chroot_as_unshare_mode():
+    states = {"bookworm-amd64": {"mode": "unshare", "path": "/c/bookworm-amd64.tar"}}
+    tarballs = {"bookworm-arm64": Path("/c/bookworm-arm64.tar.zst")}
+    # sbuild --host=arm64 on amd64: %a is arm64, unshare mode builds in bookworm-amd64
+    source = choose("arm64", states, tarballs)
+    assert source.name == "bookworm-amd64" and source.state is not None
+    # a schroot chroot of sbuild-fast is no session's
+    states["bookworm-arm64"] = {"mode": "schroot", "path": "/srv/x"}
+    assert choose("arm64", states, {}).name == "bookworm-amd64"
+
+
+def test_without_sbuild_fast_chroots_the_session_takes_unshare_modes_tarball():
+    tarballs = {
+        "bookworm-amd64": Path("/c/bookworm-amd64.tar.zst"),
+        "bookworm-arm64": Path("/c/bookworm-arm64.tar"),
+    }
+    source = choose("amd64", {}, tarballs)
+    assert (source.name, source.state) == ("bookworm-amd64", None)
+    # cross: the build architecture's, as unshare mode finds it; else the host arch's
+    assert choose("arm64", {}, tarballs).tarball == Path("/c/bookworm-amd64.tar.zst")
+    del tarballs["bookworm-amd64"]
+    assert choose("arm64", {}, tarballs).tarball == Path("/c/bookworm-arm64.tar")
+
+
+def test_no_chroot_at_all_is_one_line_naming_what_was_looked_for():
+    with pytest.raises(Error) as found:
+        choose("arm64", {}, {})
+    message = str(found.value)
+    assert "\n" not in message
+    assert message == (
+        "no sbuild-fast chroot bookworm-arm64 or bookworm-amd64 and no bookworm-amd64.t* "
+        "or bookworm-arm64.t* in /home/u/.cache/sbuild: run 'sbuild-fast create --dist bookworm'"
+    )
+    with pytest.raises(Error, match=r"^no sbuild-fast chroot bookworm-amd64 and no "):
+        choose("amd64", {}, {})
+
+
+def test_find_unshare_tarball_matches_as_chrootunshare(tmp_path):
+    for name in ("bookworm-amd64.tar.zst", "bookworm-amd64-old.tar", "bookworm-amd64.t"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "bookworm-arm64.tar").mkdir()  # a directory: not a tarball
+    assert sbs.find_unshare_tarball(tmp_path, "bookworm-amd64") == (
+        tmp_path / "bookworm-amd64.tar.zst"
+    )
+    assert sbs.find_unshare_tarball(tmp_path, "bookworm-arm64") is None
+    assert sbs.find_unshare_tarball(tmp_path / "none", "bookworm-amd64") is None
+
+
+def test_sbuild_unshare_view_reads_build_arch_and_bind_mounts(tmp_path, monkeypatch):
+    if subprocess.run(["perl", "-MSbuild::Conf", "-e", "1"], capture_output=True).returncode:
+        pytest.skip("sbuild is not installed")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    # sbuild checks that the directories exist
+    (tmp_path / "a b").mkdir()
+    (tmp_path / "c").mkdir()
+    (tmp_path / ".sbuildrc").write_text(
+        "$build_arch = 'i386';\n"
+        f"$unshare_bind_mounts = [{{ directory => '{tmp_path}/a b', mountpoint => '/a' }},\n"
+        f"                        {{ directory => '{tmp_path}/c', mountpoint => '/c' }}];\n1;\n"
+    )
+    assert sbs.sbuild_unshare_view() == (
+        "i386",
+        [(tmp_path / "a b", "/a"), (tmp_path / "c", "/c")],
+    )

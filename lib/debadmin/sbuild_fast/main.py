@@ -1111,16 +1111,38 @@ def cmd_remove(args: argparse.Namespace) -> int:
 def cmd_session(args: argparse.Namespace) -> int:
     """Speak the autopkgtest virt server protocol on stdin/stdout for one sbuild run."""
     dist = sbs.validate_dist(args.dist)
-    arch = sbs.validate_arch(args.arch or host_arch())
-    name = sbs.chroot_name(dist, arch)
+    native = host_arch()
+    arch = sbs.validate_arch(args.arch or native)
     cache_dir = sbs.user_cache_dir()
-    state = sbs.load_state(cache_dir / sbs.STATE_SUBDIR / f"{name}.json")
-    if state is None or state.get("mode") != "unshare":
-        raise Error(f"no sbuild-fast chroot {name}: run 'sbuild-fast create --dist {dist}'")
-    tarball = Path(state["path"])
-    binds = sfs.default_binds(state, sbs.package_cache_dir("unshare"))
+    view: List = []  # sbuild's BUILD_ARCH and bind mounts, read once when needed
+
+    def unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
+        if not view:
+            view.append(sbs.sbuild_unshare_view())
+        return view[0]
+
+    def state_of(name: str) -> Optional[Dict]:
+        path = cache_dir / sbs.STATE_SUBDIR / f"{name}.json"
+        return sbs.load_state(path) if path.exists() else None
+
+    build_arch = native
+    if arch != native and state_of(sbs.chroot_name(dist, arch)) is None:
+        build_arch = unshare_view()[0] or native
+    source = sfs.choose_source(
+        dist,
+        arch,
+        build_arch,
+        state_of,
+        lambda name: sbs.find_unshare_tarball(cache_dir, name),
+        cache_dir,
+    )
+    if source.state is not None:
+        binds = sfs.default_binds(source.state, sbs.package_cache_dir("unshare"))
+    else:
+        # a tarball of sbuild's own: mounted as its unshare mode mounts it
+        binds = unshare_view()[1]
     user = pwd.getpwuid(os.getuid()).pw_name
-    session = sfs.Session(tarball, user, binds, sfs.mountpoint_parent())
+    session = sfs.Session(source.tarball, user, binds, sfs.mountpoint_parent())
     return sfs.serve(session, sys.stdin, sys.stdout)
 
 

@@ -379,6 +379,39 @@ def effective_sbuild_config(sbuild_ver: Optional[str] = None) -> Dict[str, str]:
     return config
 
 
+def sbuild_unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
+    """sbuild's BUILD_ARCH and $unshare_bind_mounts (directory, mount point) as its
+    configuration sets them: what its unshare mode builds on and mounts."""
+    script = (
+        "my $c = Sbuild::Conf::new(); print $c->get('BUILD_ARCH') // '', \"\\0\";"
+        " for my $m (@{$c->get('UNSHARE_BIND_MOUNTS') // []}) {"
+        ' print $m->{directory}, "\\0", $m->{mountpoint}, "\\0" }'
+    )
+    result = proc.run(["perl", "-MSbuild::Conf", "-e", script], check=False)
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+        raise Error(
+            "sbuild cannot read its configuration: " + " ".join(lines[-2:] or ["perl failed"])
+        )
+    fields = result.stdout.split("\0")
+    build_arch, pairs = fields[0] or None, fields[1:-1]
+    return build_arch, [(Path(d), m) for d, m in zip(pairs[0::2], pairs[1::2])]
+
+
+def find_unshare_tarball(cache_dir: Path, name: str) -> Optional[Path]:
+    """The tarball sbuild's unshare mode finds for chroot name in cache_dir
+    (ChrootUnshare.pm: a file matching ^NAME\\.t.+$; sorted here, readdir order there)."""
+    pattern = re.compile(re.escape(name) + r"\.t.+")
+    try:
+        entries = sorted(os.listdir(cache_dir))
+    except OSError:
+        return None
+    for entry in entries:
+        if pattern.fullmatch(entry) and (cache_dir / entry).is_file():
+            return cache_dir / entry
+    return None
+
+
 def auto_create_max_age(config: Dict[str, str], sbuild_ver: Optional[str]) -> Optional[int]:
     """The age in seconds at which sbuild re-creates an unshare tarball behind the user's
     back (sbuild >= 0.87 with $unshare_mmdebstrap_auto_create on and a max_age that is not

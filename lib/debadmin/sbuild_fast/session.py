@@ -46,27 +46,38 @@ SBUILD_MIN = "0.85"
 # the same in 0.85, 0.89 and 0.91): the build itself.
 OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 
-# Each command: a POSIX shell picks the namespaces and execs nsenter (a shell, nsenter
-# and unshare: a few ms, where unshare mode pays 70-110 ms of Perl and newuidmap).
-# sbuild appends: env NAME=VALUE... [/sbin/runuser -u USER --] [sh -c 'cd DIR...'] CMD.
-# Offline (the session's network namespace, only lo): the build, as in unshare mode, and
-# every other command sbuild runs as a user other than root, but apt-get (apt-get source
-# fetches as the build user). Each command gets a pid namespace (and mount namespace, for
-# its /proc) of its own inside the session's, as in unshare mode: a process it leaves
-# behind dies when it returns, and never shares a pid namespace with a later command.
+# Each command: a POSIX shell picks the namespaces and execs nsenter (shells, nsenter,
+# unshare, mount and chroot: a few ms, where unshare mode pays 70-110 ms of Perl and
+# newuidmap). sbuild appends: env NAME=VALUE... [/sbin/runuser -u USER --] [sh -c 'cd
+# DIR...'] CMD. Offline (the session's network namespace, only lo): the build, as in
+# unshare mode, and every other command sbuild runs as a user other than root, but apt-get
+# (apt-get source fetches as the build user).
+# nsenter enters the session's namespaces through the descriptors this server holds
+# (/proc/SERVER/fd/N), never through a pid: once the session's init is dead, nothing can
+# enter its pid namespace any more (fork fails there), so a command fails instead of
+# running in whatever process took init's pid. --wd (not --root) puts it in the session's
+# root directory; the second shell runs there, in a mount, pid, ipc and uts namespace of
+# the command's own (as sbuild's unshare mode gives each command, hostname sbuild
+# inherited): it mounts a fresh /proc and /dev/shm and chroots. What a command leaves
+# behind (a process, a file in /dev/shm, a SysV IPC object, a hostname) dies with it.
+COMMAND_SCRIPT = '/bin/mount -t tmpfs tmpfs dev/shm && exec /usr/sbin/chroot . "$@"'
 EXEC_SCRIPT = (
-    'p=$1 q=$2; shift 2; n=""; u=""; a=""; s=0; '
+    'o=$1 f=$2; shift 2; n=""; u=""; a=""; s=0; '
     'for x in "$@"; do case $s$x in '
     "0runuser|0*/runuser) s=1; continue;; 1-u) s=2; continue;; 1*) s=3;; "
     "2root) s=3; continue;; 2*) s=3; u=1; continue;; esac; "
     "case $x in "
     + "|".join(f"{c}|*/{c}" for c in OFFLINE_COMMANDS)
-    + ") n=-n;; apt-get|*/apt-get) a=1;; esac; done; "
-    '[ -n "$u" ] && [ -z "$a" ] && n=-n; '
-    '[ -n "$n" ] && p=$q; '
-    'exec nsenter -t "$p" -U -m -u -i -p $n -r -w -- '
-    'unshare --pid --fork --kill-child --mount-proc -- "$@"'
+    + ") n=1;; apt-get|*/apt-get) a=1;; esac; done; "
+    '[ -n "$u" ] && [ -z "$a" ] && n=1; '
+    '[ -n "$n" ] && o=$f; '
+    "exec nsenter $o -- "
+    "unshare --pid --fork --kill-child --mount-proc=proc --ipc --uts -- "
+    f"/bin/sh -c '{COMMAND_SCRIPT}' sbuild-fast-command \"$@\""
 )
+# The namespaces a command enters (nsenter's options), init's and the offline keeper's.
+NAMESPACES = ("user", "mnt", "uts", "ipc", "pid", "net")
+NSENTER_OPTION = {"mnt": "mount"}  # the others: the same name
 
 # The tmpfs for the unpacked tree: only when this much memory stays available beside it
 # (the build's own files come on top of the chroot's).
@@ -295,6 +306,8 @@ class Session:
         self.tmp_parent = tmp_parent
         self.proc: Optional[subprocess.Popen] = None
         self.init_pid: Optional[int] = None
+        # init's pidfd: close() kills init, never a process that took its pid since
+        self.init_pidfd: Optional[int] = None
         self.offline_pid: Optional[int] = None
         self.mountpoint: Optional[Path] = None
         self.disk: Optional[str] = None
@@ -302,6 +315,9 @@ class Session:
         self.announce = True  # a line on stderr (sbuild's log) when it unpacks
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self.alive_w: Optional[int] = None
+        # init's namespaces and root, and the offline keeper's mount namespace and root,
+        # held from open() to close(): what every command enters
+        self.held: Dict[str, int] = {}
 
     def open(self) -> str:
         uid = subid_range("subuid", self.user)
@@ -326,6 +342,7 @@ class Session:
         self.init_pid = self._init_pid()
         self.offline_pid = self._offline_pid()
         self._check_maps(uid, gid)
+        self._hold()
         return str(self.mountpoint)
 
     def _note_disk(self, path: str) -> None:
@@ -415,7 +432,16 @@ class Session:
         if len(children) != 1:
             self.close()
             raise Error(f"the session's init is not the one child of {self.proc.pid}")
-        return int(children[0])
+        pid = int(children[0])
+        try:
+            self.init_pidfd = os.pidfd_open(pid)
+        except OSError:
+            pass
+        # still unshare's (unreaped) child: the pidfd is init's, not a later process's
+        if self.init_pidfd is None or path.read_text().split() != children:
+            self.close()
+            raise Error("the session's init died as it started")
+        return pid
 
     def _offline_pid(self) -> int:
         """The child of init that keeps the offline commands' mount namespace."""
@@ -426,29 +452,70 @@ class Session:
             raise Error("the session's offline namespace keeper is not init's one child")
         return int(children.split()[0])
 
+    def _hold(self) -> None:
+        """Open init's namespaces and root and the offline keeper's mount namespace and
+        root, and check that they are the session's (not this server's)."""
+        keeper = {"mnt": self.offline_pid, "root": self.offline_pid}
+        try:
+            for name in (*NAMESPACES, "root"):
+                for prefix, pid in (("", self.init_pid), ("offline-", keeper.get(name))):
+                    if pid:
+                        path = f"/proc/{pid}/root" if name == "root" else f"/proc/{pid}/ns/{name}"
+                        flags = os.O_RDONLY | os.O_CLOEXEC
+                        self.held[prefix + name] = os.open(path, flags)
+        except OSError as exc:
+            self.close()
+            raise Error(f"cannot hold the session's namespaces: {exc}") from None
+        for name in NAMESPACES:
+            if same_file(self.held[name], f"/proc/{os.getpid()}/ns/{name}"):
+                self.close()
+                raise Error(f"the session's init is not in a {name} namespace of its own")
+
+    def nsenter_options(self, offline: bool) -> List[str]:
+        """nsenter's options into the session (offline: the build's network namespace and
+        mount namespace), by the paths of the descriptors this server holds."""
+        fds = dict(self.held)
+        if offline:
+            fds["mnt"], fds["root"] = fds["offline-mnt"], fds["offline-root"]
+        names = [n for n in NAMESPACES if offline or n != "net"]
+        here = f"/proc/{os.getpid()}/fd"
+        return [f"--{NSENTER_OPTION.get(n, n)}={here}/{fds[n]}" for n in names] + [
+            f"--wd={here}/{fds['root']}"
+        ]
+
     def exec_argv(self) -> List[str]:
         return [
             "/bin/sh",
             "-c",
             EXEC_SCRIPT,
             "sbuild-fast-session",
-            str(self.init_pid),
-            str(self.offline_pid),
+            " ".join(self.nsenter_options(False)),
+            " ".join(self.nsenter_options(True)),
         ]
+
+    def release(self) -> None:
+        """Close the held descriptors: no command can enter the session any more."""
+        for fd in self.held.values():
+            os.close(fd)
+        self.held = {}
 
     def close(self) -> None:
         """Kill pid 1 of the session (the kernel then kills every process in it), wait for
         it, and remove what is left on the host."""
+        self.release()
         if self.alive_w is not None:
             os.close(self.alive_w)
             self.alive_w = None
         if self.proc is not None:
             with _suppress_missing():
-                if self.init_pid:
-                    os.kill(self.init_pid, signal.SIGKILL)
+                if self.init_pidfd is not None:
+                    signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
                 else:
                     self.proc.kill()  # --kill-child passes it on
             self.proc.wait()
+            if self.init_pidfd is not None:
+                os.close(self.init_pidfd)
+                self.init_pidfd = None
             if self.proc.stdout:
                 self.proc.stdout.close()
             self.proc = None
@@ -465,6 +532,12 @@ class Session:
             with _suppress_missing():
                 self.mountpoint.rmdir()
             self.mountpoint = None
+
+
+def same_file(fd: int, path: str) -> bool:
+    """Whether fd and path are the same file (the same namespace)."""
+    mine, other = os.fstat(fd), os.stat(path)
+    return (mine.st_dev, mine.st_ino) == (other.st_dev, other.st_ino)
 
 
 class _suppress_missing:
@@ -569,14 +642,54 @@ def self_test(session: "Session") -> float:
             str(session.offline_pid)
         ]:
             raise Error("a process left behind by a command outlived it")
+        _check_per_command(session, argv)
         cost = timed_command_cost(argv)
         # the tree goes on disk where memory is short at a build: that must work too
         check_disk_parent(disk_parent())
+        _check_dead_init(session, argv)
     finally:
         session.close()
     if init and Path(f"/proc/{init}").exists():
         raise Error("the session's init outlived its close")
     return cost
+
+
+# What a command sees of its own namespaces: its hostname, what /dev/shm holds (after it
+# leaves a file there) and its ipc, uts and mount namespaces.
+PER_COMMAND_PROBE = (
+    "cat /proc/sys/kernel/hostname; ls -A /dev/shm | wc -l; : > /dev/shm/sbuild-fast-probe; "
+    "readlink /proc/self/ns/ipc /proc/self/ns/uts /proc/self/ns/mnt"
+)
+
+
+def _check_per_command(session: "Session", argv: Sequence[str]) -> None:
+    """Each command gets, as in sbuild's unshare mode, an ipc, uts and mount namespace of
+    its own, hostname sbuild and an empty /dev/shm: nothing it leaves there reaches the
+    next command."""
+    held = [f"{n}:[{os.fstat(session.held[n]).st_ino}]" for n in ("ipc", "uts", "mnt")]
+    for _ in range(2):
+        out = subprocess.run(
+            [*argv, "sh", "-c", PER_COMMAND_PROBE], capture_output=True, text=True
+        )
+        lines = out.stdout.split()
+        if out.returncode != 0 or len(lines) != 5 or lines[:2] != ["sbuild", "0"]:
+            raise Error(
+                "a command in the session does not get hostname sbuild and an empty "
+                "/dev/shm of its own: " + " ".join(lines or out.stderr.split()[-8:])
+            )
+        if any(a == b for a, b in zip(lines[2:], held)):
+            raise Error("a command shares the session's ipc, uts or mount namespace")
+
+
+def _check_dead_init(session: "Session", argv: Sequence[str]) -> None:
+    """Once the session's init is dead, a command fails and runs nothing (the argv
+    enters held namespaces, never a pid that another process may have taken)."""
+    assert session.proc and session.init_pidfd is not None
+    signal.pidfd_send_signal(session.init_pidfd, signal.SIGKILL)
+    session.proc.wait(timeout=30)  # unshare returns once init is gone
+    ran = subprocess.run([*argv, "echo", "sbuild-fast-ran"], capture_output=True, text=True)
+    if ran.returncode == 0 or "sbuild-fast-ran" in ran.stdout:
+        raise Error("a command ran after the session's init died")
 
 
 def _check_hardening(argv: Sequence[str]) -> None:
@@ -594,6 +707,44 @@ def _check_hardening(argv: Sequence[str]) -> None:
             "the session's build does not see what unshare mode shows it "
             "(an empty /sys/kernel, no resolv.conf, ::1 in /etc/hosts): " + " ".join(out)
         )
+
+
+class Source:
+    """What a session unpacks: an sbuild-fast chroot's tarball (state: its record), or the
+    tarball sbuild's unshare mode would find (state None)."""
+
+    def __init__(self, name: str, tarball: Path, state: Optional[Dict]) -> None:
+        self.name, self.tarball, self.state = name, tarball, state
+
+
+def choose_source(
+    dist: str,
+    arch: str,
+    build_arch: str,
+    state_of: Callable[[str], Optional[Dict]],
+    tarball_of: Callable[[str], Optional[Path]],
+    cache_dir: Path,
+) -> Source:
+    """The chroot a session serves for sbuild's %r (dist) and %a (arch, the host
+    architecture): the sbuild-fast chroot DIST-ARCH; for a cross build without it, DIST-
+    BUILD_ARCH (sbuild's unshare mode picks the chroot by BUILD_ARCH); with no sbuild-fast
+    chroot of either, the tarball unshare mode finds for DIST-BUILD_ARCH (then DIST-ARCH:
+    sbuild --arch sets both) in cache_dir; else one error naming what was looked for."""
+    names = [f"{dist}-{arch}"] + ([f"{dist}-{build_arch}"] if build_arch != arch else [])
+    for name in names:
+        state = state_of(name)
+        if state is not None and state.get("mode") == "unshare" and state.get("path"):
+            return Source(name, Path(state["path"]), state)
+    for name in reversed(names):
+        tarball = tarball_of(name)
+        if tarball is not None:
+            return Source(name, tarball, None)
+    wanted = " or ".join(names)
+    files = " or ".join(f"{n}.t*" for n in reversed(names))
+    raise Error(
+        f"no sbuild-fast chroot {wanted} and no {files} in {cache_dir}: "
+        f"run 'sbuild-fast create --dist {dist}'"
+    )
 
 
 def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
