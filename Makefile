@@ -257,8 +257,8 @@ repo:
 # The previous release, for the upgrade tests: built from its tag (a fresh clone may
 # have no tags: then from its commit), without its unit tests. Its packages are all
 # Architecture: all, so one build serves every release.
-PREVIOUS_TAG := v0.2.0
-PREVIOUS_COMMIT := a874167b5a76c941f853f1cfe2b28ca261747f64
+PREVIOUS_TAG := v0.3.0
+PREVIOUS_COMMIT := b9e385c5b686e37f05d9dd95602d211bb4a4fd64
 previous:
 	$(need_builddeps)
 	$(call need,git,check-deps)
