@@ -946,18 +946,9 @@ def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
     payload = objects.read(rel, "KEK")
     pk = next(c for c in payloads.p7_certificates(payload) if efi.fingerprint(c, "sha1") == sha1)
     efivars = write_efivars(tmp_path / "d", ovmf_variables(PK=fix.signature_list(efi.der(pk))))
-    rc, out, err = run(
-        capsys,
-        "--efivars",
-        str(efivars),
-        "--fix",
-        "--dry-run",
-        "--json",
-        "--payloads",
-        str(OBJECTS),
-    )
+    rc, report, err = plan_json(capsys, efivars)
     assert rc == 1, err
-    doc = json.loads(out)["fix"]
+    doc = report["fix"]
     assert [s["variable"] for s in doc["steps"]] == ["db", "db", "db"]
     assert [r["variable"] for r in doc["remaining"]] == ["KEK"]
     assert rel in doc["remaining"][0]["reason"]
