@@ -382,8 +382,11 @@ def effective_sbuild_config(sbuild_ver: Optional[str] = None) -> Dict[str, str]:
 def sbuild_unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
     """sbuild's BUILD_ARCH and $unshare_bind_mounts (directory, mount point) as its
     configuration sets them: what its unshare mode builds on and mounts."""
+    # After a marker: sbuild 0.87.1 and later print "I: consider moving your ~/.sbuildrc"
+    # on standard output while reading a ~/.sbuildrc.
     script = (
-        "my $c = Sbuild::Conf::new(); print $c->get('BUILD_ARCH') // '', \"\\0\";"
+        "my $c = Sbuild::Conf::new(); print \"\\0sbuild-fast-view\\0\","
+        " $c->get('BUILD_ARCH') // '', \"\\0\";"
         " for my $m (@{$c->get('UNSHARE_BIND_MOUNTS') // []}) {"
         ' print $m->{directory}, "\\0", $m->{mountpoint}, "\\0" }'
     )
@@ -393,7 +396,7 @@ def sbuild_unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
         raise Error(
             "sbuild cannot read its configuration: " + " ".join(lines[-2:] or ["perl failed"])
         )
-    fields = result.stdout.split("\0")
+    fields = result.stdout.split("\0sbuild-fast-view\0")[-1].split("\0")
     build_arch, pairs = fields[0] or None, fields[1:-1]
     return build_arch, [(Path(d), m) for d, m in zip(pairs[0::2], pairs[1::2])]
 
