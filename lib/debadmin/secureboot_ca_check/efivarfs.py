@@ -707,14 +707,22 @@ def apply(directory: Path, result: dict) -> bool:
     return final_check(directory, result)
 
 
+def read_for_step(path: Path, step: dict, status: str, what: str) -> Optional[bytes]:
+    """The variable's data; None, with step's status and error set, when it cannot be
+    read."""
+    try:
+        return read_variable(path)
+    except OSError as exc:
+        step["status"] = status
+        step["error"] = f"cannot {what}: {exc.strerror}"
+        return None
+
+
 def apply_step(directory: Path, step: dict) -> bool:
     payload: payloads.Payload = step["_payload"]
     path = variable_path(directory, payload.variable)
-    try:
-        before = read_variable(path)
-    except OSError as exc:
-        step["status"] = "failed"
-        step["error"] = f"cannot read the variable before the write: {exc.strerror}"
+    before = read_for_step(path, step, "failed", "read the variable before the write")
+    if before is None:
         return False
     try:
         append(path, payload.blob)
@@ -772,11 +780,8 @@ def compare_append(before: bytes, appended: bytes, now: bytes) -> Tuple[str, Opt
 
 
 def read_back(path: Path, payload: payloads.Payload, before: bytes, step: dict) -> bool:
-    try:
-        now = read_variable(path)
-    except OSError as exc:
-        step["status"] = "unknown"
-        step["error"] = f"cannot read it back: {exc.strerror}"
+    now = read_for_step(path, step, "unknown", "read it back")
+    if now is None:
         return False
     status, error = compare_append(before, payload.data, now)
     if status == "applied" and not holds(payload.variable, now, step["adds"]):
@@ -796,10 +801,8 @@ def final_check(directory: Path, result: dict) -> bool:
     there (a later write must not have undone an earlier one)."""
     for step in result["steps"]:
         name = step["variable"]
-        try:
-            data = read_variable(variable_path(directory, name))
-        except OSError as exc:
-            step["status"], step["error"] = "unknown", f"cannot read it again: {exc.strerror}"
+        data = read_for_step(variable_path(directory, name), step, "unknown", "read it again")
+        if data is None:
             return False
         if not holds(name, data, step["adds"]):
             step["status"] = "damaged"
@@ -813,7 +816,8 @@ def backup_keys(root: Path, variables: Dict[str, efi.Variable], now: datetime.da
     firmware setup's key management, or efi-updatevar, loads), in a new directory under
     ROOT/var/lib/secureboot-ca-check; Error when it cannot be written (nothing is)."""
     base = root / BACKUP_DIR
-    directory = base / f"backup-{now.strftime('%Y%m%dT%H%M%SZ')}"
+    name = f"backup-{now.strftime('%Y%m%dT%H%M%SZ')}"
+    directory = base / name
     try:
         os.makedirs(base, mode=0o755, exist_ok=True)
         number = 1
@@ -823,7 +827,7 @@ def backup_keys(root: Path, variables: Dict[str, efi.Variable], now: datetime.da
                 break
             except FileExistsError:
                 number += 1
-                directory = base / f"backup-{now.strftime('%Y%m%dT%H%M%SZ')}-{number}"
+                directory = base / f"{name}-{number}"
         for name in ("PK", "KEK", "db", "dbx"):
             if name in variables:
                 fsutil.atomic_write(directory / f"{name}.esl", variables[name].data, mode=0o600)
