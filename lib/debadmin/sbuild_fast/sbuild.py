@@ -403,14 +403,10 @@ def sbuild_unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
 
 def find_unshare_tarball(cache_dir: Path, name: str) -> Optional[Path]:
     """The tarball sbuild's unshare mode finds for chroot name in cache_dir
-    (ChrootUnshare.pm: a file matching ^NAME\\.t.+$; sorted here, readdir order there)."""
-    pattern = re.compile(re.escape(name) + r"\.t.+")
-    try:
-        entries = sorted(os.listdir(cache_dir))
-    except OSError:
-        return None
-    for entry in entries:
-        if pattern.fullmatch(entry) and (cache_dir / entry).is_file():
+    (ChrootUnshare.pm: a file matching ^NAME\\.t.+$; sorted here, readdir order there).
+    A cache_dir that cannot be read is an Error, as for matching_files' other callers."""
+    for entry in matching_files(cache_dir, name):
+        if (cache_dir / entry).is_file():
             return cache_dir / entry
     return None
 
