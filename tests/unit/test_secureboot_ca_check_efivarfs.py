@@ -334,7 +334,7 @@ LUKS_PCR7 = luks2_header({"0": {"type": "systemd-tpm2", "keyslots": ["1"], "tpm2
 def test_pcr7_secrets_refuse_the_write(tmp_path, capsys, device):
     root = fake_machine(tmp_path, ami_variables(), {"sda2": device})
     before = snapshot(root)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and out == ""
     assert "/dev/sda2" in err and "--i-have-recovery-keys" in err and "nothing written" in err
     assert snapshot(root) == before
@@ -342,9 +342,7 @@ def test_pcr7_secrets_refuse_the_write(tmp_path, capsys, device):
 
 def test_pcr7_secrets_are_a_warning_in_a_dry_run(tmp_path, capsys):
     root = fake_machine(tmp_path, ami_variables(), {"sda2": BITLOCKER, "sda1": bytes(4096)})
-    rc, out, err = run(
-        capsys, "--root", str(root), "--fix", "--dry-run", "--json", "--payloads", str(OBJECTS)
-    )
+    rc, out, err = fix_root(capsys, root, "--dry-run", "--json")
     assert rc == 0 and "--i-have-recovery-keys" in err
     assert json.loads(out)["fix"]["measured_boot"] == [
         {"kind": "bitlocker", "device": "/dev/sda2", "detail": "BitLocker"}
@@ -414,9 +412,7 @@ def test_the_write_is_the_append_word_and_the_published_bytes(tmpfs, capsys, any
     kek_before = kek.read_bytes()
     immutable = chattr("+i", db)
     try:
-        rc, out, err = run(
-            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
-        )
+        rc, out, err = fix_root(capsys, root, "--json")
         if immutable:
             with open(db, "rb") as handle:
                 assert efivarfs.get_flags(handle.fileno()) & efivarfs.FS_IMMUTABLE_FL
@@ -555,9 +551,7 @@ def test_a_flag_not_restored_after_a_write_is_a_warning(
 
     monkeypatch.setattr(efivarfs, "set_flags", set_flags)
     try:
-        rc, out, err = run(
-            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
-        )
+        rc, out, err = fix_root(capsys, root, "--json")
     finally:
         chattr("-i", db)
     step = json.loads(out)["fix"]["steps"][0]
@@ -570,7 +564,7 @@ def test_a_flag_not_restored_after_a_write_is_a_warning(
 def test_a_plain_directory_is_not_written_as_efivarfs(tmp_path, capsys):
     root = fake_machine(tmp_path, ami_variables())
     before = snapshot(root)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and "not efivarfs" in err and "nothing written" in err
     assert len(err.strip().splitlines()) == 1
     assert snapshot(root) == before
@@ -594,18 +588,13 @@ def test_the_real_efivarfs_is_accepted():
 # --- what the change of PCR 7 may lock out ----------------------------------------------------
 
 
+def fix_root(capsys, root: Path, *extra):
+    """secureboot-ca-check --root ROOT --fix EXTRA... with the shipped payloads."""
+    return run(capsys, "--root", str(root), "--fix", *extra, "--payloads", str(OBJECTS))
+
+
 def secrets_json(capsys, root: Path, *extra):
-    rc, out, err = run(
-        capsys,
-        "--root",
-        str(root),
-        "--fix",
-        "--dry-run",
-        "--json",
-        "--payloads",
-        str(OBJECTS),
-        *extra,
-    )
+    rc, out, err = fix_root(capsys, root, "--dry-run", "--json", *extra)
     return rc, json.loads(out)["fix"]["measured_boot"], err
 
 
@@ -616,7 +605,7 @@ def test_an_unreadable_device_refuses_the_write(tmp_path, capsys):
     (root / "sys/class/block/sdb").mkdir()
     (root / "dev/sdb").mkdir()  # a real EISDIR from pread(2)
     before = snapshot(root)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and out == "" and snapshot(root) == before
     assert "/dev/sdb (cannot be read" in err and "--i-have-recovery-keys" in err
     assert "/dev/sda1" not in err
@@ -642,19 +631,11 @@ def test_a_damaged_luks2_header_is_a_secret_that_can_be_overridden(
     ]
     assert "damaged LUKS2 header" in found[0]["detail"]
     before = snapshot(root)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and "/dev/vda3" in err and "nothing written" in err
     assert snapshot(root) == before
     firmware(monkeypatch)
-    rc, out, err = run(
-        capsys,
-        "--root",
-        str(root),
-        "--fix",
-        "--i-have-recovery-keys",
-        "--payloads",
-        str(OBJECTS),
-    )
+    rc, out, err = fix_root(capsys, root, "--i-have-recovery-keys")
     assert rc == 0, err
 
 
@@ -750,7 +731,7 @@ def test_crypttab_entries_that_may_use_the_tpm(tmp_path, capsys):
         ("crypttab", "/dev/sdb5"),
     ]
     assert "tpm2-device=auto" in found[0]["detail"] and "header=" in found[2]["detail"]
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and "/etc/crypttab data" in err
 
 
@@ -760,7 +741,7 @@ def test_an_unlistable_sys_class_block_is_unchecked(tmp_path, capsys):
     (root / "sys/class/block").rmdir()
     rc, found, err = secrets_json(capsys, root)
     assert [(s["kind"], s["device"]) for s in found] == [("unchecked", "/sys/class/block")]
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 2 and "--i-have-recovery-keys" in err
 
 
@@ -856,7 +837,7 @@ def test_appends_are_applied_and_the_keys_saved_first(
     firmware(monkeypatch)
     variables = ami_variables()
     root = fake_machine(tmp_path, variables)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root, "--json")
     assert rc == 0, err
     doc = json.loads(out)["fix"]
     assert [s["status"] for s in doc["steps"]] == ["applied"] * 4
@@ -868,7 +849,7 @@ def test_appends_are_applied_and_the_keys_saved_first(
             assert (backup / f"{name}.esl").read_bytes() == variables[name]
     assert "KEK.esl" in os.listdir(backup) and "db.esl" in os.listdir(backup)
     # Run again: nothing to change, and no second backup.
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root)
     assert rc == 0 and "nothing to change" in out
     assert len(os.listdir(backup.parent)) == 1
 
@@ -883,7 +864,7 @@ def test_a_firmware_that_replaces_the_variable_is_damage(
     root = fake_machine(tmp_path, ami_variables())
     kek = root / efivarfs.EFIVARS / f"KEK-{efi.GLOBAL_GUID}"
     kek_before = kek.read_bytes()
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root, "--json")
     assert rc == 2
     doc = json.loads(out)["fix"]
     assert [s["status"] for s in doc["steps"]] == ["damaged", "not-run", "not-run", "not-run"]
@@ -927,7 +908,7 @@ def test_a_later_write_that_undoes_an_earlier_one_is_damage(
             db.write_bytes(original)
 
     monkeypatch.setattr(efivarfs, "write_once", write)
-    rc, out, err = run(capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS))
+    rc, out, err = fix_root(capsys, root, "--json")
     assert rc == 2
     steps = json.loads(out)["fix"]["steps"]
     assert steps[0]["status"] == "damaged" and "no longer holds it" in steps[0]["error"]
@@ -992,7 +973,7 @@ def test_an_interruption_in_the_write_restores_the_flag(
 
     monkeypatch.setattr(efivarfs, "write_once", write_then_interrupt)
     try:
-        rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+        rc, out, err = fix_root(capsys, root)
         assert is_immutable(db)
     finally:
         chattr("-i", db)
@@ -1023,7 +1004,7 @@ def test_a_signal_during_a_step_waits_for_its_read_back(
     monkeypatch.setattr(efivarfs, "write_once", write_and_signal)
     previous = signal.signal(signal.SIGHUP, hangup)
     try:
-        rc, out, err = run(capsys, "--root", str(root), "--fix", "--payloads", str(OBJECTS))
+        rc, out, err = fix_root(capsys, root)
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert rc == 130 and len(calls) == 1
@@ -1049,9 +1030,7 @@ def test_a_flag_not_restored_after_a_refused_write_is_said(
     monkeypatch.setattr(efivarfs, "write_once", refused)
     monkeypatch.setattr(efivarfs, "set_flags", set_flags)
     try:
-        rc, out, err = run(
-            capsys, "--root", str(root), "--fix", "--json", "--payloads", str(OBJECTS)
-        )
+        rc, out, err = fix_root(capsys, root, "--json")
     finally:
         chattr("-i", db)
     assert rc == 2
@@ -1074,15 +1053,7 @@ def test_a_second_fix_meanwhile_is_refused(tmp_path, capsys, any_filesystem):
     lock = root / "run/lock/secureboot-ca-check.lock"
     lock.parent.mkdir(parents=True)
     with efivarfs.fsutil.locked(lock):
-        rc, out, err = run(
-            capsys,
-            "--root",
-            str(root),
-            "--fix",
-            "--i-have-recovery-keys",
-            "--payloads",
-            str(OBJECTS),
-        )
+        rc, out, err = fix_root(capsys, root, "--i-have-recovery-keys")
     assert rc == 2 and "locked by another process" in err and out == ""
     assert snapshot(root) == before
     assert not (root / "var/lib/secureboot-ca-check").exists()
