@@ -7,7 +7,7 @@ import os
 import sys
 
 from debadmin import __version__
-from debadmin.errors import EXIT_ERROR, Error
+from debadmin.errors import EXIT_ERROR, Error, NotApplicable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
@@ -122,7 +122,8 @@ def run(
     """Parse argv, run args.func (or func), and turn expected failures into exit codes.
 
     Errors print one line, 'PROG: error: MESSAGE', on stderr.  argparse's own usage
-    errors exit 2 as well.
+    errors exit 2 as well.  Not applicable (exit 3) is a verdict, not an error: its line
+    is 'PROG: MESSAGE'.
     """
     try:
         try:
@@ -143,6 +144,9 @@ def run(
         # "Exception ignored ... BrokenPipeError" on stderr and exit 120.
         _flush_stdout()
         return code
+    except NotApplicable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.code
     except Error as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.code

@@ -138,6 +138,7 @@ def test_run_maps_exceptions(capsys):
     assert cli.run("t", parser, [], raises(Error("bad input"))) == 2
     assert capsys.readouterr().err == "t: error: bad input\n"
     assert cli.run("t", parser, [], raises(NotApplicable("no UEFI"))) == 3
+    assert capsys.readouterr().err == "t: no UEFI\n"  # a verdict, not an error
     assert cli.run("t", parser, ["--bogus"], lambda a: 0) == 2
     assert cli.run("t", parser, ["-q"], lambda a: 0) == 0
 
