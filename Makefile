@@ -257,8 +257,8 @@ repo:
 # The previous release, for the upgrade tests: built from its tag (a fresh clone may
 # have no tags: then from its commit), without its unit tests. Its packages are all
 # Architecture: all, so one build serves every release.
-PREVIOUS_TAG := v0.3.0
-PREVIOUS_COMMIT := b9e385c5b686e37f05d9dd95602d211bb4a4fd64
+PREVIOUS_TAG := v0.4.0
+PREVIOUS_COMMIT := 01dbcbdb2f90b5abf93f53fbd00628a5d47d14c5
 previous:
 	$(need_builddeps)
 	$(call need,git,check-deps)
