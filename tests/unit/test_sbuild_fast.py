@@ -1618,6 +1618,30 @@ def test_config_block_binds_the_cache(version):
     assert "unshare_bind_mounts" not in sbs.config_block("schroot", version, None, "/c")
 
 
+def test_config_block_keeps_sbuild_091_from_emptying_the_cache():
+    # sbuild 0.91.3 and later run 'apt-get distclean' (which deletes every .deb in
+    # /var/cache/apt/archives, the package cache's mount point) before each build
+    setting = "$clean_apt_cache = 0;"
+    cache = "/home/u/.cache/sbuild/.sbuild-fast/debs"
+    assert setting in sbs.config_block("unshare", "0.91.10", None, cache).splitlines()
+    assert setting in sbs.config_block("unshare", "0.91.3", None, cache, "/usr/bin/sbuild-fast")
+    assert setting in sbs.config_block("schroot", "0.91.10", None, None, cache=True)
+    # off already before 0.91.3; no cache, nothing to keep
+    assert "clean_apt_cache" not in sbs.config_block("unshare", "0.91.2", None, cache)
+    assert "clean_apt_cache" not in sbs.config_block("unshare", "0.89.3", None, cache)
+    assert "clean_apt_cache" not in sbs.config_block("unshare", "0.91.10", None, None)
+    assert "clean_apt_cache" not in sbs.config_block("schroot", "0.91.10", None, None)
+    # plain Perl that sbuild reads: the block sets the variable for real
+    script = (
+        "my ($chroot_mode, $unshare_tmpdir_template, $unshare_mmdebstrap_auto_create,"
+        " $unshare_bind_mounts, $clean_apt_cache) = (0, 0, 0, [], 1);"
+        + sbs.config_block("unshare", "0.91.10", None, cache)
+        + "\nprint $clean_apt_cache;"
+    )
+    out = subprocess.run(["perl", "-e", script], capture_output=True, text=True, check=True)
+    assert out.stdout == "0"
+
+
 def test_schroot_conf_and_fstab_mount_the_cache(tmp_path):
     text = sbs.schroot_conf(RECIPE, tmp_path, [], None, "sbuild-fast/fstab")
     lines = text.splitlines()
@@ -1814,6 +1838,27 @@ def test_create_cache_options_and_dry_run_plan(home, monkeypatch, capsys):
         os.getxattr(home, sbs.ACL_XATTR)
     assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--dry-run"]) == 0
     assert "package cache" not in capsys.readouterr().out
+
+
+def test_rule_distclean_empties_the_cache():
+    # sbuild 0.91.3 and later: 'apt-get distclean' before each build, by default
+    cache = {"path": "/c", "mode": "unshare", "present": True}
+    facts = {"sbuild_config": {"clean_apt_cache": "1"}, "versions": {"sbuild": "0.91.10"}}
+    (found,) = sfd.rule_distclean(dict(facts, caches=[cache]))
+    assert found["code"] == "distclean-empties-cache" and found["severity"] == "action"
+    assert "sbuild 0.91.10 runs 'apt-get distclean'" in found["message"]
+    off = dict(facts, sbuild_config={"clean_apt_cache": "0"}, caches=[cache])
+    assert sfd.rule_distclean(off) == []
+    assert sfd.rule_distclean(dict(facts, caches=[dict(cache, present=False)])) == []
+    assert sfd.rule_distclean(dict(facts, caches=[])) == []
+    assert sfd.rule_distclean(dict(facts, sbuild_config={}, caches=[cache])) == []  # 0.85
+
+
+def test_sbuild_config_keys_by_version():
+    assert "CLEAN_APT_CACHE" not in sbs.sbuild_config_keys("0.89.2")
+    assert "CLEAN_APT_CACHE" in sbs.sbuild_config_keys("0.89.3+deb13u4")
+    assert "UNSHARE_MMDEBSTRAP_AUTO_CREATE" in sbs.sbuild_config_keys("0.91.10")
+    assert sbs.sbuild_config_keys("0.85.0") == sbs.SBUILD_CONFIG_KEYS
 
 
 def test_rule_package_cache():
@@ -2044,6 +2089,23 @@ def test_configure_on_sbuild_090_needs_no_note(home, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "# sbuild 0.90.1 defaults to unshare mode" in out
     assert "note: sbuild 0.90.1 defaults to unshare mode" in out
+
+
+def test_configure_on_sbuild_091_says_what_a_plain_build_misses(home, monkeypatch, capsys):
+    # sid's sbuild 0.91 defaults to unshare mode: without the block a plain build works,
+    # in sbuild's own unshare mode, not through the session backend the block chooses
+    monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.91.10")
+    cache = str(home / ".cache/sbuild/.sbuild-fast/debs")
+    assert sf.configure("unshare", False, False, cache=True, server="/usr/bin/sbuild-fast") == 0
+    out = capsys.readouterr().out
+    assert "$chroot_mode = 'autopkgtest';" in out
+    assert "# sbuild 0.91.10 defaults to unshare mode (unshare from 0.90 on)" in out
+    assert "$clean_apt_cache = 0;" in out and cache in out
+    note = [line for line in out.splitlines() if line.startswith("note:")]
+    assert (
+        len(note) == 1 and "in sbuild's own unshare mode, without the session backend" in note[0]
+    )
+    assert "only with this block" not in note[0]
 
 
 def test_run_mmdebstrap_reports_its_stages_and_times(tmp_path, monkeypatch, capsys):

@@ -827,6 +827,26 @@ def rule_package_cache(facts: Facts) -> Findings:
     return found
 
 
+def rule_distclean(facts: Facts) -> Findings:
+    """sbuild 0.89.3 and later with $clean_apt_cache on (the default from 0.91.3): its
+    'apt-get distclean' before each build deletes the package cache's .debs."""
+    if facts["sbuild_config"].get("clean_apt_cache") != "1":
+        return []
+    return [
+        finding(
+            "distclean-empties-cache",
+            "action",
+            f"sbuild {facts['versions'].get('sbuild')} runs 'apt-get distclean' before each "
+            "build ($clean_apt_cache is on), which empties the package cache mounted on "
+            "/var/cache/apt/archives: run 'sbuild-fast create --configure', or set "
+            "$clean_apt_cache = 0 in the sbuild configuration",
+            cache["path"],
+        )
+        for cache in facts.get("caches", [])
+        if cache["present"]
+    ]
+
+
 def rule_not_installed(facts: Facts) -> Findings:
     return [
         finding("not-installed", "action", f"{pkg} is not installed")
@@ -859,6 +879,7 @@ RULES: Tuple[Callable[[Facts], Findings], ...] = (
     rule_schroot_mode,
     rule_command_cost,
     rule_package_cache,
+    rule_distclean,
     rule_not_installed,
     rule_no_chroot,
 )

@@ -837,10 +837,19 @@ def default_mode_note(
 ) -> Optional[str]:
     """What a plain 'sbuild -d DIST' does without the block, when that is not mode: sbuild
     before 0.90 (bookworm's 0.85, trixie's 0.89) defaults to schroot mode and then fails
-    with 'not a member of group sbuild' for a user of unshare chroots."""
+    with 'not a member of group sbuild' for a user of unshare chroots; sbuild 0.90 and later
+    (sid's 0.91) build in them in their own unshare mode, without the block's settings."""
     default = sbs.default_chroot_mode(sbuild_ver)
     if default == (sbuild_mode or mode):
         return None
+    if default == mode:  # sbuild 0.90 and later, the block choosing the session backend
+        return (
+            f"note: sbuild {sbuild_ver} defaults to {default} mode: a plain 'sbuild -d DIST' "
+            f"builds in these chroots in sbuild's own {default} mode, without the session "
+            f"backend, the package cache or auto-create off (sbuild replaces a tarball older "
+            f"than a week with a plain one) until this block is in place ('sbuild-fast "
+            f"create --configure')"
+        )
     return (
         f"note: sbuild {sbuild_ver or '(not installed)'} defaults to {default} mode "
         f"(unshare from {sbs.UNSHARE_DEFAULT_MIN} on): a plain 'sbuild -d DIST' uses these "
@@ -938,7 +947,9 @@ def configure(
             "sbuild %s cannot bind-mount the package cache: builds go without it",
             sbuild_ver or "(not installed)",
         )
-    block = sbs.config_block(mode, sbuild_ver, sbs.tmpfs_unpack_template(), cache_dir, server)
+    block = sbs.config_block(
+        mode, sbuild_ver, sbs.tmpfs_unpack_template(), cache_dir, server, cache=cache
+    )
     rc_path = sbs.sbuildrc_path(sbuild_ver=sbuild_ver)
     current = fsutil.read_text(rc_path) or ""
     merged = sbs.merge_config(current, block)

@@ -257,9 +257,12 @@ def config_block(
     tmp_template: Optional[str],
     cache_dir: Optional[str] = None,
     session_server: Optional[str] = None,
+    cache: bool = False,
 ) -> str:
     """The sbuild settings the speed needs, as a marked block for ~/.sbuildrc; cache_dir:
     the package cache to bind-mount in unshare mode (schroot mode's is in its fstab);
+    cache: whether builds use a package cache (either mode), which sbuild's own
+    'apt-get distclean' would empty;
     session_server: sbuild-fast's path, when plain builds go through its session backend
     (sbuild's autopkgtest mode); the unshare settings stay for --chroot-mode=unshare."""
     lines = [
@@ -300,6 +303,8 @@ def config_block(
                 "$unshare_mmdebstrap_auto_create = 0;",
             ]
         lines += cache_config_lines(cache_dir, sbuild_ver)
+    if cache or cache_dir:
+        lines += distclean_config_lines(sbuild_ver)
     # Nothing else: sbuild's defaults stay (apt update and dist-upgrade cost nothing
     # measurable on a chroot the weekly refresh keeps fresh; $purge_build_deps does nothing
     # for a cloned session, which both modes use; lintian is preinstalled when it runs).
@@ -354,9 +359,12 @@ SBUILD_AUTO_CREATE_KEYS = (
 
 
 def sbuild_config_keys(sbuild_ver: Optional[str]) -> Tuple[str, ...]:
+    keys = SBUILD_CONFIG_KEYS
     if sbuild_ver and debver.at_least(sbuild_ver, "0.87"):
-        return SBUILD_CONFIG_KEYS + SBUILD_AUTO_CREATE_KEYS
-    return SBUILD_CONFIG_KEYS
+        keys += SBUILD_AUTO_CREATE_KEYS
+    if sbuild_ver and debver.at_least(sbuild_ver, CLEAN_APT_CACHE_MIN):
+        keys += ("CLEAN_APT_CACHE",)
+    return keys
 
 
 def effective_sbuild_config(sbuild_ver: Optional[str] = None) -> Dict[str, str]:
@@ -385,7 +393,7 @@ def sbuild_unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
     # After a marker: sbuild 0.87.1 and later print "I: consider moving your ~/.sbuildrc"
     # on standard output while reading a ~/.sbuildrc.
     script = (
-        "my $c = Sbuild::Conf::new(); print \"\\0sbuild-fast-view\\0\","
+        'my $c = Sbuild::Conf::new(); print "\\0sbuild-fast-view\\0",'
         " $c->get('BUILD_ARCH') // '', \"\\0\";"
         " for my $m (@{$c->get('UNSHARE_BIND_MOUNTS') // []}) {"
         ' print $m->{directory}, "\\0", $m->{mountpoint}, "\\0" }'
@@ -1082,6 +1090,25 @@ def cache_config_lines(cache_dir: Optional[str], sbuild_ver: Optional[str]) -> L
         "$unshare_bind_mounts = [(grep { $_->{mountpoint} ne "
         f"'{CACHE_MOUNTPOINT}' }} @{{$unshare_bind_mounts // []}}),",
         f"    {{ directory => {perl_quote(cache_dir)}, mountpoint => '{CACHE_MOUNTPOINT}' }}];",
+    ]
+
+
+# sbuild 0.91.3 and later run 'apt-get distclean' as root in the chroot once the build
+# dependencies are in ($clean_apt_cache, on by default; the setting came in 0.89.3, off):
+# with the package cache mounted on /var/cache/apt/archives, that empties the cache itself.
+CLEAN_APT_CACHE_DEFAULT_MIN = "0.91.3"
+CLEAN_APT_CACHE_MIN = "0.89.3"
+
+
+def distclean_config_lines(sbuild_ver: Optional[str]) -> List[str]:
+    """The setting that keeps sbuild's 'apt-get distclean' from emptying the package
+    cache, for an sbuild that runs it by default."""
+    if not sbuild_ver or not debver.at_least(sbuild_ver, CLEAN_APT_CACHE_DEFAULT_MIN):
+        return []
+    return [
+        "# sbuild's 'apt-get distclean' before the build would empty the shared package",
+        "# cache: off, as before sbuild 0.91.3 (the build sees apt's package lists).",
+        "$clean_apt_cache = 0;",
     ]
 
 

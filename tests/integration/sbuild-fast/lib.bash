@@ -211,3 +211,23 @@ sbf_mirror_host() {
 sbf_daemon_pids() {
     pgrep -f '^sleep 98765$' || true
 }
+
+# sbf_install_sid_sbuild ROOT LOG: sid's sbuild and libsbuild-perl over trixie's in the
+# tree ROOT (sbf_make_tree trixie), their dependencies from trixie. sid's Release file
+# expires within a week when nobody refreshes it (sid's Valid-Until), so the .debs come
+# from sid's index read with check-valid-until=no: still verified against the archive
+# keyring, as apt-get download verifies them; sid's index lives in a directory of its
+# own and goes, so the tree's apt knows trixie only.
+sbf_install_sid_sbuild() {
+    local root=$1 log=$2 opts
+    opts="-o Dir::Etc::SourceList=/srv/sid/sid.list -o Dir::Etc::SourceParts=/srv/sid/parts"
+    opts+=" -o Dir::State::Lists=/srv/sid/lists -o Dir::Cache=/srv/sid/cache"
+    mkdir -p "$root/srv/sid/parts" "$root/srv/sid/lists/partial" "$root/srv/sid/cache/archives/partial"
+    echo "deb [check-valid-until=no] $(mirror_for sid) sid main" > "$root/srv/sid/sid.list"
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    chroot "$root" sh -euc 'cd /srv/sid && apt-get $1 update -q &&
+        apt-get $1 download sbuild libsbuild-perl &&
+        apt-get install -y -q --no-install-recommends ./sbuild_*_all.deb ./libsbuild-perl_*_all.deb' \
+        sh "$opts" >> "$log" 2>&1 || { tail -n 20 "$log"; fail "installing sid's sbuild in the trixie tree"; }
+    rm -rf "$root/srv/sid"
+}
