@@ -566,3 +566,74 @@ def test_sbuild_unshare_view_reads_build_arch_and_bind_mounts(tmp_path, monkeypa
         "i386",
         [(tmp_path / "a b", "/a"), (tmp_path / "c", "/c")],
     )
+
+
+@pytest.mark.skipif(
+    subprocess.run(["perl", "-MSbuild::Conf", "-e", "1"], capture_output=True).returncode != 0,
+    reason="sbuild's Sbuild::Conf is not installed",
+)
+@pytest.mark.parametrize("backend", ["session", "unshare"])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        ([], False),
+        (["-d", "bookworm", "x.dsc"], False),
+        (["--chroot-mode=unshare", "x.dsc"], False),
+        (["-c", "/srv/stock.tar.zst", "x.dsc"], True),
+        (["--chroot", "stock"], True),
+        (["--chroot=/srv/stock.tar.zst", "--chroot-mode=unshare"], True),
+    ],
+)
+def test_block_leaves_a_named_chroot_alone(tmp_path, backend, argv, named):
+    """sbuild itself reads the block: a chroot named on the command line is built in as
+    sbuild's unshare mode builds it, without the package cache (its apt does not take
+    turns: two builds at once failed on apt's lock of the shared cache), and the user's
+    own bind mounts stay; sbuild-fast's chroots get the session and the cache."""
+    server = "/usr/bin/sbuild-fast" if backend == "session" else None
+    for d in ("cache", "mine", "debs"):  # sbuild checks that bind-mounted directories exist
+        (tmp_path / d).mkdir()
+    block = sbs.config_block(
+        "unshare", "0.85.0", "/dev/shm/tmp.sbuild.XXXXXXXXXX", f"{tmp_path}/cache", server
+    )
+    mine = (
+        f"$unshare_bind_mounts = [{{ directory => '{tmp_path}/mine', mountpoint => '/mine' }},"
+        f" {{ directory => '{tmp_path}/debs', mountpoint => '/var/cache/apt/archives' }}];\n"
+    )
+    (tmp_path / ".sbuildrc").write_text(mine + block)
+    script = (
+        'my $c = Sbuild::Conf::new(); print "\\0view\\0", $c->get(\'CHROOT_MODE\'), "\\0";'
+        " print join(',', map { \"$_->{directory}:$_->{mountpoint}\" }"
+        " @{$c->get('UNSHARE_BIND_MOUNTS')})"
+    )
+    env = {"HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
+    result = subprocess.run(
+        ["perl", "-MSbuild::Conf", "-e", script, "--", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    mode, mounts = result.stdout.split("\0view\0")[-1].split("\0")
+    if named:
+        assert mode == "unshare"
+        assert mounts == f"{tmp_path}/mine:/mine,{tmp_path}/debs:/var/cache/apt/archives"
+    else:
+        assert mode == ("autopkgtest" if backend == "session" else "unshare")
+        assert mounts == f"{tmp_path}/mine:/mine,{tmp_path}/cache:/var/cache/apt/archives"
+
+
+def test_foreign_binds_leave_out_only_sbuild_fasts_cache(tmp_path):
+    """A tarball of sbuild's own gets the user's bind mounts but not sbuild-fast's package
+    cache; a cache of the user's own on the same mount point stays."""
+    cache = tmp_path / "debs"
+    binds = [
+        (tmp_path / "mine", "/mine"),
+        (cache, "/var/cache/apt/archives"),
+        (tmp_path / "theirs", "/var/cache/apt/archives"),
+        (cache, "/elsewhere"),
+    ]
+    assert sfs.foreign_binds(binds, cache) == [
+        (tmp_path / "mine", "/mine"),
+        (tmp_path / "theirs", "/var/cache/apt/archives"),
+        (cache, "/elsewhere"),
+    ]

@@ -1150,8 +1150,9 @@ def cmd_session(args: argparse.Namespace) -> int:
     if source.state is not None:
         binds = sfs.default_binds(source.state, sbs.package_cache_dir("unshare"))
     else:
-        # a tarball of sbuild's own: mounted as its unshare mode mounts it
-        binds = unshare_view()[1]
+        # a tarball of sbuild's own: mounted as its unshare mode mounts it, without
+        # sbuild-fast's package cache (as for a chroot named on sbuild's command line)
+        binds = sfs.foreign_binds(unshare_view()[1], sbs.package_cache_dir("unshare"))
     user = pwd.getpwuid(os.getuid()).pw_name
     session = sfs.Session(source.tarball, user, binds, sfs.mountpoint_parent())
     return sfs.serve(session, sys.stdin, sys.stdout)

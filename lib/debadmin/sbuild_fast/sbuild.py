@@ -287,6 +287,9 @@ def config_block(
             "# mode) costs 1-2 s a build for nothing. Not when the command line names",
             "# a chroot or chroot mode: that may be a chroot that persists.",
             "$purge_build_deps = 'never' unless grep { /^--chr/ } @ARGV;",
+            "# A chroot named on the command line (-c, --chroot) is built in as named,",
+            "# in sbuild's unshare mode: the session serves sbuild-fast's chroots only.",
+            f"$chroot_mode = 'unshare' if {NAMED_CHROOT_TEST};",
         ]
     else:
         lines.append(f"$chroot_mode = '{mode}';")
@@ -1080,16 +1083,26 @@ def perl_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# Perl, in the block: whether sbuild's command line names a chroot (-c NAME, --chroot NAME,
+# --chroot=NAME; not --chroot-mode), which sbuild then builds in rather than the
+# sbuild-fast chroot of the distribution.
+NAMED_CHROOT_TEST = "grep { /^(?:-c|--chroot)(?:=|$)/ } @ARGV"
+
+
 def cache_config_lines(cache_dir: Optional[str], sbuild_ver: Optional[str]) -> List[str]:
     """The unshare-mode sbuild setting that bind-mounts the cache (kept: the user's own
     $unshare_bind_mounts for other mount points)."""
     if not cache_dir or not sbuild_ver or not debver.at_least(sbuild_ver, UNSHARE_BIND_MOUNTS_MIN):
         return []
     return [
-        "# The package cache shared across builds (sbuild-fast update prunes it).",
+        "# The package cache shared across builds (sbuild-fast update prunes it), for",
+        "# sbuild-fast's chroots: a chroot named on the command line lacks the apt",
+        "# settings that make builds take turns, and two of its builds would fail on",
+        "# apt's lock of the cache.",
         "$unshare_bind_mounts = [(grep { $_->{mountpoint} ne "
         f"'{CACHE_MOUNTPOINT}' }} @{{$unshare_bind_mounts // []}}),",
-        f"    {{ directory => {perl_quote(cache_dir)}, mountpoint => '{CACHE_MOUNTPOINT}' }}];",
+        f"    {{ directory => {perl_quote(cache_dir)}, mountpoint => '{CACHE_MOUNTPOINT}' }}]",
+        f"    unless {NAMED_CHROOT_TEST};",
     ]
 
 

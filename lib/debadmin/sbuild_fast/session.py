@@ -753,6 +753,18 @@ def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
     return []
 
 
+def foreign_binds(binds: List[Tuple[Path, str]], cache_dir: Path) -> List[Tuple[Path, str]]:
+    """The bind mounts for a tarball of sbuild's own (not sbuild-fast's): those its unshare
+    mode makes, without sbuild-fast's package cache (cache_dir), which the block adds for
+    sbuild-fast's chroots: such a tarball's apt does not take turns on the cache, and two
+    of its builds at once would fail on apt's lock."""
+    return [
+        (directory, mountpoint)
+        for directory, mountpoint in binds
+        if not (mountpoint == "/var/cache/apt/archives" and Path(directory) == cache_dir)
+    ]
+
+
 def reachable_by_others(path: Path) -> bool:
     """Whether every directory from / to path lets others search it: the session's root
     is a subordinate id, an other to every directory of the host (pam_tmpdir's and
