@@ -317,6 +317,17 @@ def test_handshake_reads_disk_then_ready():
         out.stdout.close()
 
 
+def sbuild_conf(home: Path, script: str, args: list) -> str:
+    """What perl SCRIPT prints with sbuild's own Sbuild::Conf, reading HOME's ~/.sbuildrc,
+    with ARGS as sbuild's command line (after '--' or a first word that is no option)."""
+    env = {"HOME": str(home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
+    result = subprocess.run(
+        ["perl", "-MSbuild::Conf", "-e", script, *args], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 @pytest.mark.skipif(
     subprocess.run(["perl", "-MSbuild::Conf", "-e", "1"], capture_output=True).returncode != 0,
     reason="sbuild's Sbuild::Conf is not installed",
@@ -344,16 +355,9 @@ def test_session_block_skips_the_purge_only_for_plain_builds(tmp_path, argv, pur
         "my @a = splice(@ARGV, 1); my $k = $ARGV[0]; @ARGV = @a; "
         "my $c = Sbuild::Conf::new(); print $c->get($k)"
     )
-    env = {"HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
-    result = subprocess.run(
-        ["perl", "-MSbuild::Conf", "-e", script, "PURGE_BUILD_DEPS", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
+    out = sbuild_conf(tmp_path, script, ["PURGE_BUILD_DEPS", *argv])
     # the last line: sbuild 0.87.1 and later print "I: consider moving your ~/.sbuildrc"
-    assert result.stdout.splitlines()[-1] == purge
+    assert out.splitlines()[-1] == purge
 
 
 def test_block_backend_reads_the_earlier_choice():
@@ -605,15 +609,7 @@ def test_block_leaves_a_named_chroot_alone(tmp_path, backend, argv, named):
         " print join(',', map { \"$_->{directory}:$_->{mountpoint}\" }"
         " @{$c->get('UNSHARE_BIND_MOUNTS')})"
     )
-    env = {"HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8"}
-    result = subprocess.run(
-        ["perl", "-MSbuild::Conf", "-e", script, "--", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    mode, mounts = result.stdout.split("\0view\0")[-1].split("\0")
+    mode, mounts = sbuild_conf(tmp_path, script, ["--", *argv]).split("\0view\0")[-1].split("\0")
     if named:
         assert mode == "unshare"
         assert mounts == f"{tmp_path}/mine:/mine,{tmp_path}/debs:/var/cache/apt/archives"
