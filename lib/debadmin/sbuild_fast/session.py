@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
+from debadmin.sbuild_fast.sbuild import CACHE_MOUNTPOINT
 
 log = logging.getLogger("sbuild-fast")
 
@@ -749,7 +750,7 @@ def choose_source(
 
 def default_binds(state: Dict, cache_dir: Path) -> List[Tuple[Path, str]]:
     if state.get("cache", True) and cache_dir.is_dir():
-        return [(cache_dir, "/var/cache/apt/archives")]
+        return [(cache_dir, CACHE_MOUNTPOINT)]
     return []
 
 
@@ -761,7 +762,7 @@ def foreign_binds(binds: List[Tuple[Path, str]], cache_dir: Path) -> List[Tuple[
     return [
         (directory, mountpoint)
         for directory, mountpoint in binds
-        if not (mountpoint == "/var/cache/apt/archives" and Path(directory) == cache_dir)
+        if not (mountpoint == CACHE_MOUNTPOINT and Path(directory) == cache_dir)
     ]
 
 
