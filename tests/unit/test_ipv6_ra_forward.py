@@ -42,6 +42,12 @@ def sysctl(root, name, key):
     return int((root / raf.CONF_DIR / name / key).read_text())
 
 
+@pytest.fixture(autouse=True)
+def nothing_learned_elsewhere(monkeypatch):
+    """enable asks 'ip' what the other interfaces learned: never this machine's answer."""
+    no_ra_learned(monkeypatch)
+
+
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     """ROOT pointed at a fixture tree; solicitations recorded, not sent."""
@@ -51,7 +57,13 @@ def host(tmp_path, monkeypatch):
     sent = []
     monkeypatch.setattr(raf, "solicit", lambda name: sent.append(name) or True)
     root.sent = sent
+    no_ra_learned(monkeypatch)
     return root
+
+
+def no_ra_learned(monkeypatch, addr=(), route=()):
+    """What 'ip' shows enable about the other interfaces: nothing learned, unless given."""
+    monkeypatch.setattr(raf, "ra_learned", lambda: (list(addr), list(route)))
 
 
 # --- names ----------------------------------------------------------------------------------
@@ -276,11 +288,17 @@ def test_status_explains_the_problem(tmp_path):
     assert "neither" in messages["eth0.100"]  # accept_ra=2 only at runtime
     assert "virbr0" not in messages and "lo" not in messages  # not uplinks
     assert "vnet3" not in messages  # a plain neighbour, no router
-    # No route, no address left, but the router's neighbour entry says it is an uplink.
-    assert messages["wan1"] == (
+    # No route, no address left: a router's neighbour entry alone makes no uplink (issue
+    # 35: it outlives routes, and a trunk that ignores RAs keeps one for ever).
+    assert "wan1" not in messages
+    wan1 = [i for i in report["interfaces"] if i["name"] == "wan1"][0]
+    assert wan1["router_seen"] and not wan1["uplink"] and wan1["not_uplink"] is None
+    # Named, it is looked at: then the kernel ignoring its RAs is the finding.
+    named = raf.collect_status(root, ["wan1"], addr, route, neigh, raf.Config(), None)
+    assert [f["message"] for f in named["findings"]] == [
         "forwarding is on and wan1 has accept_ra=1: router "
         "advertisements are ignored, it has no RA default route"
-    )
+    ]
     up0 = [i for i in report["interfaces"] if i["name"] == "up0"][0]
     assert up0["accepts_ra"] is False and up0["uplink"] and up0["managed_by"] == "none"
     persisted = raf.Persisted(["eth0.100"], True)
@@ -1289,3 +1307,219 @@ def test_every_refused_enable_writes_nothing(tmp_path, monkeypatch, capsys, case
     assert raf.main(argv) == code
     capsys.readouterr()
     assert _etc_and_sysctls(root) == before
+
+
+# --- issue 35: what forwarding costs the other interfaces ------------------------------------
+
+
+def ra_route_json(*names):
+    return [
+        {"dst": "default", "gateway": "fe80::1", "dev": n, "protocol": "ra", "metric": 1024}
+        for n in names
+    ]
+
+
+def slaac_json(name, address="2001:db8:1::5"):
+    info = dict(local=address, prefixlen=64, scope="global", dynamic=True, mngtmpaddr=True)
+    return [addr_link(name, info)]
+
+
+def test_enable_refuses_when_another_interface_would_lose_its_route(host, capsys, monkeypatch):
+    no_ra_learned(monkeypatch, slaac_json("eth0.100"), ra_route_json("lan0", "eth0"))
+    for argv in (["enable", "eth0"], ["enable", "--dry-run", "eth0"]):
+        assert raf.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1
+        assert err.startswith("ipv6-ra-forward: error: refused: forwarding on")
+        assert "lan0 (accept_ra=1) would lose its RA default route via fe80::1" in err
+        assert "eth0.100 (accept_ra=1) would lose its RA address 2001:db8:1::5/64" in err
+        assert "eth0 (" not in err  # the uplink keeps learning
+        assert "--not-uplink eth0.100 --not-uplink lan0" in err
+    assert not (host / raf.DROPIN).exists() and not (host / raf.DEFAULTS_FILE).exists()
+    assert sysctl(host, "all", "forwarding") == 0 and sysctl(host, "eth0", "accept_ra") == 1
+    assert host.sent == []
+    # Already at 2, or managed by networkd, or forwarding on by itself: nothing to lose.
+    (host / raf.CONF_DIR / "lan0/accept_ra").write_text("2\n")
+    (host / raf.CONF_DIR / "eth0.100/forwarding").write_text("1\n")
+    assert raf.main(["enable", "--dry-run", "eth0"]) == 0
+
+
+def test_not_uplink_is_remembered_and_uplinks_too_keep_theirs(host, capsys, monkeypatch):
+    no_ra_learned(monkeypatch, slaac_json("eth0.100"), ra_route_json("lan0", "eth0"))
+    defaults = host / raf.DEFAULTS_FILE
+    defaults.parent.mkdir(parents=True)
+    defaults.write_text('# the admin\'s comment\nUPLINKS=""\nFORWARDING=yes\n')
+    assert raf.main(["enable", "--dry-run", "eth0", "lan0", "--not-uplink", "eth0.100"]) == 0
+    assert "would write" in capsys.readouterr().out and "NOT_UPLINKS" not in defaults.read_text()
+    assert raf.main(["enable", "eth0", "lan0", "--not-uplink", "eth0.100"]) == 0
+    assert f'write {defaults} (NOT_UPLINKS="eth0.100")' in capsys.readouterr().out
+    assert defaults.read_text() == (
+        '# the admin\'s comment\nUPLINKS=""\nFORWARDING=yes\nNOT_UPLINKS="eth0.100"\n'
+    )
+    assert sysctl(host, "all", "forwarding") == 1 and sysctl(host, "lan0", "accept_ra") == 2
+    assert raf.read_config(host).not_uplinks == ["eth0.100"]
+    # Remembered: the next enable needs no option, and leaves the file alone.
+    for name in ("eth0", "lan0"):
+        (host / raf.CONF_DIR / name / "forwarding").write_text("0\n")
+    (host / raf.CONF_DIR / "all/forwarding").write_text("0\n")
+    before = defaults.read_text()
+    assert raf.main(["enable", "eth0", "lan0"]) == 0 and defaults.read_text() == before
+    # Named both ways, or an uplink NOT_UPLINKS names: refused.
+    assert raf.main(["enable", "eth0", "--not-uplink", "eth0"]) == 2
+    assert raf.main(["enable", "eth0.100"]) == 2
+    assert "eth0.100 is in NOT_UPLINKS" in capsys.readouterr().err
+
+
+def test_with_assignment_replaces_the_last_or_appends():
+    assert raf.with_assignment("", "K", "a") == 'K="a"\n'
+    assert raf.with_assignment("A=1", "K", "a") == 'A=1\nK="a"\n'
+    assert raf.with_assignment("K=x\n# c\nK=y\nB=2\n", "K", "a b") == 'K=x\n# c\nK="a b"\nB=2\n'
+
+
+def test_status_ignores_what_the_admin_told_to_ignore_ras(tmp_path):
+    root = make_root(tmp_path, {"trunk0": (1, 0), "mv0": (1, 2), "stor0": (1, 1)}, forwarding=1)
+    neigh = [{"dst": "fe80::1", "dev": d, "router": None} for d in ("trunk0", "stor0", "mv0")]
+    addr, route = slaac_json("mv0"), ra_route_json("mv0")
+    config = raf.Config(uplinks=["mv0"], not_uplinks=["stor*"])
+    report = raf.collect_status(root, [], addr, route, neigh, config, None)
+    assert report["ok"] and report["findings"] == [] and report["not_uplinks"] == ["stor*"]
+    entries = {e["name"]: e for e in report["interfaces"]}
+    assert entries["trunk0"]["not_uplink"] == "accept_ra=0" and not entries["trunk0"]["uplink"]
+    assert entries["stor0"]["not_uplink"].startswith("NOT_UPLINKS in ")
+    assert entries["mv0"]["uplink"] and entries["mv0"]["not_uplink"] is None
+    # Named, still not a finding; kept by the drop-in, accept_ra=0 is one.
+    assert raf.collect_status(root, ["trunk0", "stor0"], [], [], neigh, config, None)["ok"]
+    kept = raf.Persisted(["trunk0"], True)
+    report = raf.collect_status(root, [], [], [], neigh, config, kept)
+    assert [f["code"] for f in report["findings"]] == ["ra-disabled"]
+
+
+def test_status_manager_settings_that_ignore_ras(tmp_path):
+    root = make_root(tmp_path, {"eth1": (1, 0)}, forwarding=1)
+    interfaces = root / "etc/network/interfaces"
+    interfaces.parent.mkdir(parents=True)
+    interfaces.write_text("iface eth1 inet6 auto\n    accept_ra 0\n")
+    neigh = [{"dst": "fe80::1", "dev": "eth1", "router": None}]
+    entry = raf.collect_status(root, ["eth1"], [], [], neigh, raf.Config(), None)
+    assert (
+        entry["ok"] and "accept_ra 0 in its inet6 stanza" in entry["interfaces"][0]["not_uplink"]
+    )
+    owner = raf.owners.Owner(raf.owners.NETWORKMANAGER, "x.nmconnection", ipv6_method="disabled")
+    facts = raf.StatusFacts(root, 1, 1, {}, {}, [], set(), raf.Config(), True)
+    assert (
+        raf.not_uplink_reason(facts, "eth1", owner, 0) == "ipv6.method disabled (x.nmconnection)"
+    )
+
+
+def sysfs_link(host, name, devtype=None, master=None, lowers=()):
+    net = host / "sys/class/net"
+    (net / name).mkdir(parents=True, exist_ok=True)
+    if devtype:
+        (net / name / "uevent").write_text(f"DEVTYPE={devtype}\nINTERFACE={name}\n")
+        (net / name / devtype if devtype in ("bridge",) else net / name / "x").mkdir(exist_ok=True)
+    if devtype == "bond":
+        (net / name / "bonding").mkdir(exist_ok=True)
+    if master:
+        (net / name / "master").symlink_to(f"../{master}")
+        (net / name / f"upper_{master}").symlink_to(f"../{master}")
+    for lower in lowers:
+        (net / lower).mkdir(parents=True, exist_ok=True)
+        (net / lower / f"upper_{name}").symlink_to(f"../{name}")
+        (net / name / f"lower_{lower}").symlink_to(f"../{lower}")
+
+
+def test_a_bond_port_under_a_bridge_is_sent_to_the_bridge_in_one_step(host, capsys):
+    sysfs_link(host, "br0", "bridge")
+    sysfs_link(host, "bond0", "bond", master="br0")
+    sysfs_link(host, "eth0", master="bond0")
+    assert raf.masters(host, "eth0") == [("bond", "bond0"), ("bridge", "br0")]
+    assert raf.uppers(host, "eth0") == ["bond0"] and raf.devtype(host, "bond0") == "bond"
+    assert raf.main(["enable", "eth0"]) == 2
+    err = capsys.readouterr().err
+    assert "eth0 is a port of bond bond0, itself a port of bridge br0;" in err
+    assert err.rstrip().endswith("run 'ipv6-ra-forward enable br0'")
+    assert not (host / raf.DROPIN).exists() and sysctl(host, "all", "forwarding") == 0
+
+
+def test_a_vlan_lower_device_that_learns_nothing_is_sent_to_its_vlan(host, capsys, monkeypatch):
+    sysfs_link(host, "eth0.100", "vlan", lowers=["eth0"])
+    no_ra_learned(monkeypatch, slaac_json("eth0.100"), ra_route_json("eth0.100"))
+    assert raf.main(["enable", "--dry-run", "eth0"]) == 2
+    err = capsys.readouterr().err
+    assert "eth0 learns nothing from router advertisements itself; VLAN eth0.100 on it" in err
+    assert "run 'ipv6-ra-forward enable eth0.100'" in err
+    # A trunk whose untagged network has a router is an uplink; its VLAN then must be
+    # named too (or --not-uplink), since forwarding would cost it its route.
+    no_ra_learned(monkeypatch, [], ra_route_json("eth0.100", "eth0"))
+    assert raf.main(["enable", "--dry-run", "eth0"]) == 2
+    assert "eth0.100 (accept_ra=1) would lose" in capsys.readouterr().err
+    assert raf.main(["enable", "--dry-run", "eth0", "eth0.100"]) == 0
+
+
+def test_messages_not_root_and_not_there_yet(host, capsys, monkeypatch):
+    assert raf.main(["enable", "bond0"]) == 2
+    err = capsys.readouterr().err
+    assert "no interface bond0: for one that does not exist yet" in err
+    assert 'UPLINKS= in /etc/default/ipv6-ra-forward (UPLINKS="bond0")' in err
+    monkeypatch.setattr(raf, "ROOT", raf.Path("/"))
+    monkeypatch.setattr(raf.os, "geteuid", lambda: 1000)
+    for argv in (["enable", "eth0"], ["disable", "eth0"], ["watch", "--once"]):
+        assert raf.main(argv) == 2
+        assert "must be run as root" in capsys.readouterr().err
+
+
+def test_disable_solicits_where_routes_come_back(host, capsys, monkeypatch):
+    assert raf.main(["enable", "eth0"]) == 0
+    host.sent.clear()
+    (host / raf.CONF_DIR / "lan0/accept_ra").write_text("0\n")
+    capsys.readouterr()
+    assert raf.main(["disable", "--dry-run", "eth0"]) == 0
+    out = capsys.readouterr().out
+    assert "would send a router solicitation on eth0\n" in out
+    assert "on eth0.100" in out and "on lan0" not in out
+    assert raf.main(["disable", "eth0"]) == 0
+    assert sysctl(host, "all", "forwarding") == 0 and sorted(host.sent) == ["eth0", "eth0.100"]
+
+
+def test_router_solicitation_carries_the_source_link_layer_address(tmp_path):
+    assert raf.router_solicitation(None) == bytes([133, 0, 0, 0, 0, 0, 0, 0])
+    mac = bytes.fromhex("020000000001")
+    packet = raf.router_solicitation(mac)
+    assert len(packet) == 16 and packet[8:10] == bytes([1, 1]) and packet[10:] == mac
+    (tmp_path / "proc/net").mkdir(parents=True)
+    (tmp_path / "proc/net/if_inet6").write_text(
+        "fe800000000000000000000000000001 03 40 20 c0     eth0\n"  # tentative
+        "20010db8000000000000000000000005 04 40 00 00     eth1\n"
+        "fe800000000000000000000000000002 04 40 20 80     eth1\n"
+    )
+    assert raf.link_local_address("eth0", tmp_path) is None
+    assert raf.link_local_address("eth1", tmp_path) == "fe80::2"
+    (tmp_path / "sys/class/net/eth1").mkdir(parents=True)
+    (tmp_path / "sys/class/net/eth1/address").write_text("02:00:00:00:00:01\n")
+    assert raf.link_layer_address("eth1", tmp_path) == mac
+    assert raf.link_layer_address("eth0", tmp_path) is None
+
+
+def test_watch_leaves_forwarding_off_and_says_why(host, capsys, caplog, monkeypatch):
+    no_ra_learned(monkeypatch, [], ra_route_json("lan0"))
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "eth0", "accept_ra") == 2 and sysctl(host, "all", "forwarding") == 0
+    assert (
+        "forwarding left off: " in caplog.text and "lan0 (accept_ra=1) would lose" in caplog.text
+    )
+    assert "NOT_UPLINKS= (to let it lose it)" in caplog.text
+    conf.write_text('UPLINKS="eth0"\nNOT_UPLINKS="lan*"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "all", "forwarding") == 1
+
+
+def test_watch_says_a_new_interface_learns_nothing(host, caplog):
+    (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
+    config = raf.Config(uplinks=["eth0"])
+    raf.warn_new_learner(host, config, "lan0")
+    assert "lan0 appeared with accept_ra=1 while forwarding is on" in caplog.text
+    caplog.clear()
+    raf.warn_new_learner(host, raf.Config(uplinks=["eth0"], not_uplinks=["lan0"]), "lan0")
+    assert caplog.text == ""

@@ -46,6 +46,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]*$")
 PATTERN = re.compile(r"^[A-Za-z0-9_.@+*?\[\]!-]+$")
 RESERVED = ("all", "default")
 ICMPV6_ROUTER_SOLICITATION = 133
+ND_OPT_SOURCE_LINKADDR = 1
 ALL_ROUTERS = "ff02::2"
 
 
@@ -237,15 +238,28 @@ class Config:
     uplinks: List[str] = field(default_factory=list)
     forwarding: bool = True
     held: List[str] = field(default_factory=list)  # disabled by 'disable': left alone
+    # Interfaces the admin says are no uplinks: they may lose what they learned from RAs
+    # when forwarding goes on, and status does not count them.
+    not_uplinks: List[str] = field(default_factory=list)
+
+    def is_uplink(self, ifname: str) -> bool:
+        """UPLINKS matches ifname and NOT_UPLINKS does not (the narrower word wins)."""
+        return matches(self.uplinks, ifname) and not matches(self.not_uplinks, ifname)
+
+
+CONFIG_KEYS = ("UPLINKS", "NOT_UPLINKS", "FORWARDING")
 
 
 def read_config(root: Path = Path("/"), path: Optional[Path] = None) -> Config:
-    """UPLINKS and FORWARDING from /etc/default/ipv6-ra-forward (shell-style assignments)."""
+    """UPLINKS, NOT_UPLINKS and FORWARDING from /etc/default/ipv6-ra-forward (shell-style
+    assignments)."""
     path = path or root / DEFAULTS_FILE
     config = Config()
-    values = sysconf.read_default(path, ("UPLINKS", "FORWARDING"), strict=True) or {}
+    values = sysconf.read_default(path, CONFIG_KEYS, strict=True) or {}
     if "UPLINKS" in values:
         config.uplinks = [validate_pattern(p) for p in values["UPLINKS"][1].split()]
+    if "NOT_UPLINKS" in values:
+        config.not_uplinks = [validate_pattern(p) for p in values["NOT_UPLINKS"][1].split()]
     if "FORWARDING" in values:
         number, value = values["FORWARDING"]
         if value.lower() in ("yes", "true", "1"):
@@ -264,20 +278,60 @@ def matches(patterns: Iterable[str], ifname: str) -> bool:
 # --- router solicitation --------------------------------------------------------------------
 
 
-def send_router_solicitation(ifname: str) -> None:
+def link_local_address(ifname: str, root: Path = Path("/")) -> Optional[str]:
+    """ifname's link-local address once duplicate address detection passed, else None."""
+    text = fsutil.read_text(root / "proc/net/if_inet6") or ""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or fields[5] != ifname or int(fields[3], 16) != IPV6_SCOPE_LINK:
+            continue
+        if int(fields[4], 16) & (IFA_F_TENTATIVE | IFA_F_DADFAILED):
+            continue
+        return socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0]))
+    return None
+
+
+def link_layer_address(ifname: str, root: Path = Path("/")) -> Optional[bytes]:
+    """/sys/class/net/IFNAME/address as bytes (6 for Ethernet), or None."""
+    text = (fsutil.read_text(root / "sys/class/net" / ifname / "address") or "").strip()
+    try:
+        raw = bytes(int(part, 16) for part in text.split(":")) if text else b""
+    except ValueError:
+        return None
+    return raw if raw and any(raw) else None
+
+
+def router_solicitation(link_layer: Optional[bytes]) -> bytes:
+    """The ICMPv6 message (RFC 4861 4.1): type 133, code 0, checksum 0 (the kernel
+    computes it on raw ICMPv6 sockets), reserved; then the source link-layer address
+    option (type 1, length in units of 8 octets) when there is an address to give."""
+    packet = struct.pack("!BBHI", ICMPV6_ROUTER_SOLICITATION, 0, 0, 0)
+    if link_layer:
+        length = (2 + len(link_layer) + 7) // 8
+        option = struct.pack("!BB", ND_OPT_SOURCE_LINKADDR, length) + link_layer
+        packet += option.ljust(length * 8, b"\0")
+    return packet
+
+
+def send_router_solicitation(ifname: str, root: Path = Path("/")) -> None:
     """Send one ICMPv6 Router Solicitation to ff02::2 on ifname, hop limit 255.
 
-    The kernel computes the ICMPv6 checksum of raw ICMPv6 sockets itself. No source
-    link-layer option: the source may be the unspecified address, where RFC 4861 forbids it.
+    From the link-local address, with the source link-layer address option, so that the
+    router may answer at once (RFC 4861 6.2.6). Without a usable link-local address the
+    kernel picks the source (possibly the unspecified address), and then RFC 4861 forbids
+    the option.
     """
     try:
         index = socket.if_nametoindex(ifname)
+        source = link_local_address(ifname, root)
         with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_LOOP, 0)
-            packet = struct.pack("!BBHI", ICMPV6_ROUTER_SOLICITATION, 0, 0, 0)
+            if source:
+                sock.bind((source, 0, 0, index))
+            packet = router_solicitation(link_layer_address(ifname, root) if source else None)
             sock.sendto(packet, (ALL_ROUTERS, 0, 0, index))
     except OSError as exc:
         raise Error(
@@ -286,6 +340,7 @@ def send_router_solicitation(ifname: str) -> None:
 
 
 IFA_F_TENTATIVE = 0x40
+IFA_F_DADFAILED = 0x08
 IPV6_SCOPE_LINK = 0x20
 
 
@@ -538,9 +593,47 @@ class StatusFacts:
         return name in self.persisted or matches(self.config.uplinks, name)
 
     def is_uplink(self, name: str) -> bool:
+        """Named, kept, or learning from RAs now. A router neighbour entry alone is not
+        enough: it outlives the route, and a trunk that ignores RAs keeps one for ever."""
         if self.explicit or self.kept(name):
             return True
-        return name in self.routes or name in self.addresses or name in self.routers
+        return name in self.routes or name in self.addresses
+
+
+# ipv6.method values that take no RAs (not "ignore": then the kernel does as it likes).
+NM_NO_RA_METHODS = ("disabled", "link-local")
+
+
+def not_uplink_reason(
+    facts: StatusFacts, name: str, owner: owners.Owner, accept_ra: int
+) -> Optional[str]:
+    """Why the admin's configuration makes name no uplink, or None.
+
+    NOT_UPLINKS says so outright. Otherwise an interface that enable or UPLINKS did not
+    make an uplink, and that its manager (or the kernel's accept_ra=0) is told to ignore
+    RAs on, is a choice, not a problem: a trunk, a macvlan's parent, a storage network.
+    """
+    if matches(facts.config.not_uplinks, name):
+        return f"NOT_UPLINKS in {facts.root / DEFAULTS_FILE}"
+    if facts.kept(name):
+        return None  # an uplink by enable or UPLINKS: accept_ra=0 there is a finding
+    if owner.name == owners.NETWORKD:
+        path = networkd_path(facts.root, owner)
+        if path is not None and path.is_file():
+            settings = owners.networkd_network_settings(facts.root, path)
+            if owners.parse_boolean(settings.get("IPv6AcceptRA")) is False:
+                return f"IPv6AcceptRA=no ({owner.source})"
+        return None
+    if owner.name == owners.NETWORKMANAGER:
+        if owner.ipv6_method in NM_NO_RA_METHODS:
+            return f"ipv6.method {owner.ipv6_method} ({owner.source})"
+        return None
+    if owner.name == owners.IFUPDOWN and (owner.inet6 or {}).get("accept_ra", "").strip() == "0":
+        # Written in the stanza, not the default a static method with a gateway gets.
+        return f"accept_ra 0 in its inet6 stanza ({owner.source})"
+    if accept_ra == 0:
+        return "accept_ra=0"
+    return None
 
 
 def manager_findings(facts: StatusFacts, name: str, owner: owners.Owner) -> List[Tuple[str, str]]:
@@ -634,7 +727,8 @@ def status_entry(
     """The report's entry for one interface, and the findings about it."""
     forwarding = read_sysctl(facts.root, name, "forwarding")
     accept_ra = read_sysctl(facts.root, name, "accept_ra")
-    uplink = facts.is_uplink(name)
+    reason = not_uplink_reason(facts, name, owner, accept_ra)
+    uplink = reason is None and facts.is_uplink(name)
     entry = {
         "name": name,
         "forwarding": bool(forwarding),
@@ -647,6 +741,7 @@ def status_entry(
         "uplink": uplink,
         "persisted": name in facts.persisted,
         "router_seen": name in facts.routers,
+        "not_uplink": reason,
     }
     if not uplink or name == "lo":
         return entry, []
@@ -691,6 +786,7 @@ def collect_status(
         "forwarding": bool(facts.forwarding),
         "default_accept_ra": facts.default_accept_ra,
         "dropin": str(root / DROPIN) if persisted else None,
+        "not_uplinks": list(config.not_uplinks),
         "interfaces": interfaces,
         "findings": findings,
         "ok": not needs_action(findings),
@@ -738,6 +834,85 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not report["findings"]:
             print("no findings")
     return EXIT_OK if report["ok"] else EXIT_ACTION
+
+
+# --- what forwarding costs the other interfaces ----------------------------------------------
+
+
+@dataclass
+class Loss:
+    """An interface that would lose what it learned from RAs when forwarding goes on."""
+
+    name: str
+    accept_ra: int
+    routes: List[Dict[str, object]]
+    addresses: List[str]
+
+    def text(self) -> str:
+        what = []
+        if self.routes:
+            gateways = ", ".join(str(r.get("gateway")) for r in self.routes)
+            what.append(f"its RA default route via {gateways}")
+        if self.addresses:
+            what.append(f"its RA address {' '.join(self.addresses)}")
+        return f"{self.name} (accept_ra={self.accept_ra}) would lose {' and '.join(what)}"
+
+
+def ra_learned() -> Tuple[list, list]:
+    """What ip shows now: 'ip -6 addr show' and 'ip -6 route show default', as JSON."""
+    return ip_json(["-6", "addr", "show"]), ip_json(["-6", "route", "show", "default"])
+
+
+def forwarding_losses(
+    root: Path, keep: Iterable[str], not_uplinks: Iterable[str], addr_json: list, route_json: list
+) -> List[Loss]:
+    """The interfaces that would lose an RA default route or address if all.forwarding went
+    to 1 now, apart from those in keep (the uplinks) and those not_uplinks matches.
+
+    Writing conf/all/forwarding sets every interface's forwarding; from then on the kernel
+    accepts RAs only where accept_ra is 2, and drops what the others learned. networkd
+    and NetworkManager learn in user space, whatever the kernel's forwarding.
+    """
+    keep, not_uplinks = set(keep), list(not_uplinks)
+    routes, addresses = ra_routes(route_json), ra_addresses(addr_json)
+    losses = []
+    for name in ipv6_interfaces(root):
+        if name == "lo" or name in keep or matches(not_uplinks, name):
+            continue
+        if not routes.get(name) and not addresses.get(name):
+            continue
+        try:
+            accept_ra = read_sysctl(root, name, "accept_ra")
+            forwarding = read_sysctl(root, name, "forwarding")
+        except Error:
+            continue  # gone meanwhile
+        if accepts_ra(accept_ra, 1) or not accepts_ra(accept_ra, forwarding):
+            continue  # accept_ra 2 keeps learning; 0 (or forwarding on) learned nothing
+        if owners.detect(root, name).handles_ra_itself:
+            continue
+        losses.append(Loss(name, accept_ra, routes.get(name, []), addresses.get(name, [])))
+    return losses
+
+
+def losses_message(losses: List[Loss], watcher: bool = False) -> str:
+    """One line: what forwarding would cost, and the two ways on (enable's options, or
+    the watcher's configuration)."""
+    names = [loss.name for loss in losses]
+    them = "it" if len(names) == 1 else "them"
+    if watcher:
+        how = (
+            f"add {them} to UPLINKS= (to keep learning) or NOT_UPLINKS= (to let {them} "
+            f"lose it) in /{DEFAULTS_FILE}, then reload ipv6-ra-forward.service"
+        )
+    else:
+        options = " ".join(f"--not-uplink {n}" for n in names)
+        how = f"name {them} as uplinks too, or add {options} if {them} may lose it"
+    return (
+        "forwarding on (it sets every interface's forwarding) would cost other interfaces "
+        "what they learned from router advertisements: "
+        + "; ".join(loss.text() for loss in losses)
+        + f"; {how}"
+    )
 
 
 # --- enable and disable ---------------------------------------------------------------------
@@ -863,25 +1038,95 @@ def master_of(root: Path, ifname: str) -> Optional[Tuple[str, str]]:
     return kind, master
 
 
+def masters(root: Path, ifname: str) -> List[Tuple[str, str]]:
+    """The (kind, name) chain of masters above ifname, nearest first: a bond's port under
+    a bridge gives [("bond", "bond0"), ("bridge", "br0")]."""
+    chain: List[Tuple[str, str]] = []
+    name = ifname
+    while len(chain) < 8:  # sysfs has no cycles; a fixture tree might
+        master = master_of(root, name)
+        if master is None or master[1] in (ifname, *(n for _, n in chain)):
+            break
+        chain.append(master)
+        name = master[1]
+    return chain
+
+
+def devtype(root: Path, ifname: str) -> str:
+    """DEVTYPE of /sys/class/net/IFNAME/uevent (vlan, bond, bridge, macvlan...), or ''."""
+    text = fsutil.read_text(root / "sys/class/net" / ifname / "uevent") or ""
+    for line in text.splitlines():
+        if line.startswith("DEVTYPE="):
+            return line[len("DEVTYPE=") :].strip()
+    return ""
+
+
+def uppers(root: Path, ifname: str) -> List[str]:
+    """The devices stacked on ifname (its upper_NAME links: VLANs, macvlans, a master)."""
+    try:
+        entries = os.listdir(root / "sys/class/net" / ifname)
+    except OSError:
+        return []
+    return sorted(e[len("upper_") :] for e in entries if e.startswith("upper_"))
+
+
 def port_refusal(root: Path, ifname: str) -> Optional[str]:
-    """Why ifname cannot be an uplink (a port of a bridge or bond), or None."""
-    master = master_of(root, ifname)
-    if master is None:
+    """Why ifname cannot be an uplink (a port of a bridge or bond), or None. The interface
+    to use is the top of the stack, named in one step: br0 for a port of bond0 in br0."""
+    chain = masters(root, ifname)
+    if not chain:
         return None
-    kind, name = master
+    kind, name = chain[0]
+    via = "".join(f", itself a port of {k} {n}" for k, n in chain[1:])
+    top = chain[-1][1]
     return (
-        f"{ifname} is a port of {kind} {name}, which holds the address and the default "
-        f"route: forwarding would drop {name}'s route; run 'ipv6-ra-forward enable {name}'"
+        f"{ifname} is a port of {kind} {name}{via}; {top} holds the address and the default "
+        f"route: forwarding would drop {top}'s route; run 'ipv6-ra-forward enable {top}'"
     )
 
 
-def _require_present(root: Path, names: List[str], absent_ok: Iterable[str] = ()) -> None:
+def lower_refusal(
+    root: Path, ifname: str, uplinks: List[str], addr_json: list, route_json: list
+) -> Optional[str]:
+    """Why ifname, the lower device of VLANs or macvlans, is not the uplink, or None.
+
+    A trunk may carry its own untagged network with a router on it: then it learns from
+    RAs itself and is an uplink like any other. When it learns nothing and a device on it
+    does, that device is the uplink to name.
+    """
+    routes, addresses = ra_routes(route_json), ra_addresses(addr_json)
+    if routes.get(ifname) or addresses.get(ifname):
+        return None
+    stacked = [u for u in uppers(root, ifname) if devtype(root, u) in ("vlan", "macvlan")]
+    learning = [u for u in stacked if routes.get(u) or addresses.get(u)]
+    if not learning or any(u in uplinks for u in learning):
+        return None
+    kind = devtype(root, learning[0])
+    kind = "VLAN" if kind == "vlan" else kind
+    return (
+        f"{ifname} learns nothing from router advertisements itself; {kind} "
+        f"{' '.join(learning)} on it does: run 'ipv6-ra-forward enable {' '.join(learning)}'"
+    )
+
+
+def _require_present(
+    root: Path, names: List[str], absent_ok: Iterable[str] = (), missing_hint: bool = False
+) -> None:
     """Each interface must exist, except those in absent_ok (uplinks named in the drop-in
-    that have gone away since: disable still takes them out of it)."""
+    that have gone away since: disable still takes them out of it). With missing_hint,
+    a missing one is refused saying how the watcher takes it when it appears."""
     allowed = set(absent_ok)
     for name in names:
         if name in allowed and not sysctl_path(root, name, "accept_ra").exists():
             continue
+        present = sysctl_path(root, name, "accept_ra").exists()
+        if missing_hint and not present and not (root / "sys/class/net" / name).exists():
+            raise Error(
+                f"no interface {name}: for one that does not exist yet (a bond, VLAN or "
+                f"bridge made later), add it to UPLINKS= in /{DEFAULTS_FILE} "
+                f'(UPLINKS="{name}") and enable ipv6-ra-forward.service, which sets it up '
+                "when it appears"
+            )
         read_sysctl(root, name, "accept_ra")  # a clear error for an unknown interface
 
 
@@ -978,6 +1223,8 @@ class EnablePlan:
     kernel_uplinks: List[str] = field(default_factory=list)
     blocked: bool = False  # an uplink's manager needs configuration first
     accepted: List[str] = field(default_factory=list)
+    not_uplinks: List[str] = field(default_factory=list)  # may lose their RA routes
+    losses: List[Loss] = field(default_factory=list)  # forwarding left off for them
 
     def accept(self, name: str) -> None:
         """name is enabled (again): the watcher may keep it again."""
@@ -1042,6 +1289,11 @@ def plan_forwarding(plan: EnablePlan, root: Path, uplinks: List[str]) -> None:
             f"# ipv6-ra-forward enable {' '.join(uplinks)}\n"
         )
     else:
+        addr_json, route_json = ra_learned()
+        keep = set(uplinks) | set(state.all_uplinks)
+        plan.losses = forwarding_losses(root, keep, plan.not_uplinks, addr_json, route_json)
+        if plan.losses:
+            return  # refused by the caller; nothing of forwarding is planned
         plan.steps.append(sysctl_step(root, "all", "forwarding", 1, current))
         plan.solicit_on = list(plan.kernel_uplinks)
         if state.saved_forwarding is None:
@@ -1055,15 +1307,19 @@ def plan_enable(
     forwarding: bool,
     persist: bool,
     networkd: bool = False,
+    not_uplinks: Iterable[str] = (),
+    losses: Optional[List[Loss]] = None,
 ) -> Tuple[List[Step], List[str], List[str]]:
     """The steps of enable in their order, the uplinks to solicit on, and the snippets.
 
     With networkd, a link that systemd-networkd manages gets networkd's own configuration
     (a drop-in with IPv6AcceptRA=yes and its forwarding setting) instead of advice.
     Everything is read and checked here; nothing is written until the steps run.
+    Interfaces that forwarding would cost an RA route or address (not_uplinks apart) go
+    to losses, and then forwarding is not planned: the caller refuses or says so.
     """
     previous = read_dropin(root) if persist else None
-    plan = EnablePlan((previous or Persisted()).copy())
+    plan = EnablePlan((previous or Persisted()).copy(), not_uplinks=list(not_uplinks))
     for name in uplinks:
         owner = owners.detect(root, name)
         if owner.handles_ra_itself:
@@ -1086,22 +1342,95 @@ def plan_enable(
     steps = writes + steps
     for name in plan.solicit_on:
         steps.append(solicit_step(name, root))
+    if losses is not None:
+        losses.extend(plan.losses)
     return steps, plan.solicit_on, plan.snippets
+
+
+def with_assignment(text: str, key: str, value: str) -> str:
+    """text of a shell-style /etc/default file with KEY="value": its last assignment
+    replaced in place (comments and the rest kept), or one appended."""
+    lines = text.splitlines(keepends=True)
+    line = f'{key}="{value}"\n'
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].strip().partition("=")[0].strip() == key and "=" in lines[index]:
+            lines[index] = line
+            return "".join(lines)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return "".join(lines) + line
+
+
+def not_uplinks_step(root: Path, config: Config, names: List[str]) -> Optional[Step]:
+    """Remember --not-uplink names in NOT_UPLINKS= of /etc/default/ipv6-ra-forward."""
+    new = [n for n in names if not matches(config.not_uplinks, n)]
+    if not new:
+        return None
+    path = root / DEFAULTS_FILE
+    value = " ".join(config.not_uplinks + new)
+    try:
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Error(f"cannot read {path}: {exc}") from None
+    content = with_assignment(text, "NOT_UPLINKS", value)
+    restore = restorer(path)
+    return Step(
+        f'write {path} (NOT_UPLINKS="{value}")',
+        lambda: fsutil.atomic_write(path, content),
+        restore,
+    )
+
+
+def require_root(root: Path, dry_run: bool) -> None:
+    """Changes need root; said in those words rather than as a lock or sysctl error."""
+    if root == Path("/") and not dry_run and os.geteuid() != 0:
+        raise Error("must be run as root (or try --dry-run)")
 
 
 def cmd_enable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _unique_names(args.uplinks)
-    _require_present(root, uplinks)
+    not_uplinks = _unique_names(args.not_uplink or [])
+    both = [n for n in uplinks if n in not_uplinks]
+    if both:
+        raise Error(f"{both[0]} is named both as an uplink and with --not-uplink")
+    require_root(root, args.dry_run)
+    config = read_config(root)
+    for name in uplinks:
+        if matches(config.not_uplinks, name):
+            raise Error(
+                f"{name} is in NOT_UPLINKS of {root / DEFAULTS_FILE}: take it out there to "
+                f"make it an uplink"
+            )
+    _require_present(root, uplinks, missing_hint=True)
     for name in uplinks:
         # Refused before anything is planned, so that nothing is written.
         why = port_refusal(root, name)
         if why:
             raise Error(why)
+    if any(uppers(root, name) for name in uplinks):
+        addr_json, route_json = ra_learned()
+        for name in uplinks:
+            why = lower_refusal(root, name, uplinks, addr_json, route_json)
+            if why:
+                raise Error(why)
+    persist = not args.no_persist
     with _lock(root, args.dry_run):
+        losses: List[Loss] = []
         steps, _, snippets = plan_enable(
-            root, uplinks, not args.no_forwarding, not args.no_persist, args.networkd
+            root,
+            uplinks,
+            not args.no_forwarding,
+            persist,
+            args.networkd,
+            config.not_uplinks + not_uplinks,
+            losses,
         )
+        if losses:
+            raise Error("refused: " + losses_message(losses))
+        remember = not_uplinks_step(root, config, not_uplinks) if persist else None
+        if remember is not None:
+            steps.insert(0, remember)
         _run_steps(steps, args.dry_run)
     if not steps:
         print("nothing to change")
@@ -1209,6 +1538,24 @@ def plan_disable_uplinks(
     return steps, networkd_steps, notes
 
 
+def relearning(root: Path, accept_ra: Dict[str, int]) -> List[str]:
+    """The interfaces that learn from RAs again once forwarding is off: the kernel's
+    (not networkd's or NetworkManager's), with accept_ra 1 or 2 (accept_ra: the values
+    disable gives back), not a port of a bridge or bond, and up. The kernel does not
+    solicit when forwarding goes off, so each gets a solicitation."""
+    names = []
+    for name in ipv6_interfaces(root):
+        if name == "lo" or master_of(root, name) or not link_is_up(root, name):
+            continue
+        try:
+            value = accept_ra.get(name, read_sysctl(root, name, "accept_ra"))
+        except Error:
+            continue
+        if value and not owners.detect(root, name).handles_ra_itself:
+            names.append(name)
+    return names
+
+
 def held_after_disable(
     root: Path, state: Persisted, uplinks: List[str], persist: bool, notes: List[str]
 ) -> List[str]:
@@ -1263,15 +1610,21 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
     state = previous or Persisted()
     # Every uplink enable recorded counts, also those networkd or NetworkManager handle.
     remaining = [n for n in state.all_uplinks if n not in uplinks]
-    if (
+    forwarding_off = (
         previous is not None
         and not remaining
         and state.saved_forwarding == 0
         and read_sysctl(root, "all", "forwarding") == 1
-    ):
+    )
+    if forwarding_off:
         steps.append(sysctl_step(root, "all", "forwarding", 0, 1, "enable turned it on"))
     uplink_steps, networkd_steps, notes = plan_disable_uplinks(root, uplinks, state)
     steps.extend(uplink_steps)
+    if forwarding_off:
+        given_back = {
+            name: state.saved_accept_ra[name] for name in uplinks if name in state.saved_accept_ra
+        }
+        steps.extend(solicit_step(name, root) for name in relearning(root, given_back))
     held = held_after_disable(root, state, uplinks, persist, notes)
     dropin = disable_dropin_step(root, previous, remaining, held) if persist else None
     if dropin is not None:
@@ -1284,6 +1637,7 @@ def plan_disable(root: Path, uplinks: List[str], persist: bool) -> Tuple[List[St
 def cmd_disable(args: argparse.Namespace) -> int:
     root = ROOT
     uplinks = _unique_names(args.uplinks)
+    require_root(root, args.dry_run)
     persisted = read_dropin(root)
     _require_present(root, uplinks, persisted.all_uplinks if persisted else ())
     with _lock(root, args.dry_run):
@@ -1407,32 +1761,83 @@ def watched(root: Path, config: Config) -> Config:
     if persisted is None:
         return config
     held = list(persisted.held)
+    nots = config.not_uplinks
     if not persisted.uplinks:
-        return Config(config.uplinks, config.forwarding, held)
+        return Config(config.uplinks, config.forwarding, held, nots)
     extra = [n for n in persisted.uplinks if n not in config.uplinks]
     if not config.uplinks:
-        return Config(extra, persisted.forwarding, held)
-    return Config(config.uplinks + extra, config.forwarding, held)
+        return Config(extra, persisted.forwarding, held, nots)
+    return Config(config.uplinks + extra, config.forwarding, held, nots)
 
 
-def apply_existing(root: Path, config: Config, dry_run: bool) -> None:
-    """What enable --no-persist does, for the existing interfaces that match UPLINKS."""
+def apply_existing(root: Path, config: Config, dry_run: bool) -> bool:
+    """What enable --no-persist does, for the existing interfaces that match UPLINKS.
+
+    Forwarding is left off, and the journal says why, while it would cost an interface
+    neither UPLINKS nor NOT_UPLINKS names what it learned from RAs (enable's rule);
+    returns False then, so that the watcher tries again later.
+    """
     existing = []
-    for name in valid_names(n for n in ipv6_interfaces(root) if matches(config.uplinks, n)):
+    for name in valid_names(n for n in ipv6_interfaces(root) if config.is_uplink(n)):
         why = port_refusal(root, name)
         if why:
             log.warning("%s left alone: %s", name, why)
         elif name not in config.held:
             existing.append(name)
+    losses: List[Loss] = []
     if existing:
-        steps, _, snippets = plan_enable(root, existing, config.forwarding, persist=False)
+        steps, _, snippets = plan_enable(
+            root, existing, config.forwarding, False, False, config.not_uplinks, losses
+        )
         _run_steps(steps, dry_run)
         for text in snippets:
             log.warning("%s", text.rstrip())
     elif config.forwarding:
         current = read_sysctl(root, "all", "forwarding")
         if current != 1:
-            _run_steps([sysctl_step(root, "all", "forwarding", 1, current)], dry_run)
+            addr_json, route_json = ra_learned()
+            losses = forwarding_losses(root, [], config.not_uplinks, addr_json, route_json)
+            if not losses:
+                _run_steps([sysctl_step(root, "all", "forwarding", 1, current)], dry_run)
+    if losses:
+        message = "forwarding left off: " + losses_message(losses, watcher=True)
+        # Said once as an error; the watcher's retries each minute repeat it quietly.
+        if message != _last_refusal[0]:
+            log.error("%s", message)
+        else:
+            log.info("%s", message)
+        _last_refusal[0] = message
+        return False
+    _last_refusal[0] = ""
+    return True
+
+
+_last_refusal = [""]
+
+
+def warn_new_learner(root: Path, config: Config, ifname: str) -> None:
+    """A new interface UPLINKS does not match, that would learn from RAs but for
+    forwarding: the journal says it learns nothing, unless NOT_UPLINKS names it."""
+    if matches(config.not_uplinks, ifname) or not wait_for_sysctl(root, ifname, 0.5):
+        return
+    try:
+        if read_sysctl(root, "all", "forwarding") != 1:
+            return
+        accept_ra = read_sysctl(root, ifname, "accept_ra")
+    except Error:
+        return
+    if accept_ra in (0, 2) or ifname == "lo" or master_of(root, ifname):
+        return
+    if owners.detect(root, ifname).handles_ra_itself:
+        return
+    log.warning(
+        "%s appeared with accept_ra=%d while forwarding is on: it learns no default route "
+        "or address from router advertisements; add it to UPLINKS= (to learn them) or "
+        "NOT_UPLINKS= (to say it need not) in /%s",
+        ifname,
+        accept_ra,
+        DEFAULTS_FILE,
+    )
 
 
 # --- rtnetlink: an ifup, NetworkManager or networkd lowering accept_ra ------------------------
@@ -1503,7 +1908,7 @@ def drain_netlink(sock: socket.socket) -> set:
 def recheck(root: Path, config: Config, indexes: set, dry_run: bool) -> List[str]:
     """Raise accept_ra back to 2 on matching uplinks that lost it; the names changed."""
     if ALL in indexes:
-        names = [n for n in ipv6_interfaces(root) if matches(config.uplinks, n)]
+        names = [n for n in ipv6_interfaces(root) if config.is_uplink(n)]
     else:
         names = []
         for index in sorted(indexes):
@@ -1511,7 +1916,7 @@ def recheck(root: Path, config: Config, indexes: set, dry_run: bool) -> List[str
                 name = socket.if_indextoname(index)
             except OSError:
                 continue  # gone again
-            if matches(config.uplinks, name):
+            if config.is_uplink(name):
                 names.append(name)
     changed = []
     for name in valid_names(names):
@@ -1554,6 +1959,7 @@ def reload_watch(root: Path, args: argparse.Namespace, config: Config) -> Config
 
 def cmd_watch(args: argparse.Namespace) -> int:
     root = ROOT
+    require_root(root, args.dry_run)
     base = watch_config(root, args)
     config = watched(root, base)
     if not config.uplinks:
@@ -1615,6 +2021,12 @@ def watch_loop(root, args, base, monitor, rtnl, stop, reload) -> None:
         if time.monotonic() >= next_recheck:
             indexes.add(ALL)
             next_recheck = time.monotonic() + RECHECK_SECONDS
+            if _last_refusal[0]:
+                # Forwarding was left off: try again, the other interfaces may have changed.
+                try:
+                    apply_existing(root, watched(root, base), args.dry_run)
+                except Error as exc:
+                    log.warning("%s", exc)
         if not indexes and monitor not in ready:
             continue
         config = watched(root, base)
@@ -1624,12 +2036,12 @@ def watch_loop(root, args, base, monitor, rtnl, stop, reload) -> None:
                 if device is None:
                     break
                 name = device.sys_name
-                if (
-                    device.action in ("add", "move")
-                    and matches(config.uplinks, name)
-                    and name not in config.held
-                ):
+                if device.action not in ("add", "move"):
+                    continue
+                if config.is_uplink(name) and name not in config.held:
                     configure_new(root, name, args.dry_run)
+                elif not config.is_uplink(name) and device.action == "add":
+                    warn_new_learner(root, config, name)
         if indexes:
             try:
                 recheck(root, config, indexes, args.dry_run)
@@ -1680,6 +2092,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="give uplinks that systemd-networkd manages networkd's own configuration "
         "(IPv6AcceptRA=yes and its forwarding setting, in a drop-in), then networkctl reload",
+    )
+    p.add_argument(
+        "--not-uplink",
+        action="append",
+        metavar="IFACE",
+        help="an interface that may lose its RA-learned route and addresses when forwarding "
+        "goes on (repeatable; remembered as NOT_UPLINKS in "
+        f"/{DEFAULTS_FILE})",
     )
     p.add_argument(
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
