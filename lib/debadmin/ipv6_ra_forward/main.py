@@ -1387,15 +1387,12 @@ def require_root(root: Path, dry_run: bool) -> None:
         raise Error("must be run as root (or try --dry-run)")
 
 
-def cmd_enable(args: argparse.Namespace) -> int:
-    root = ROOT
-    uplinks = _unique_names(args.uplinks)
-    not_uplinks = _unique_names(args.not_uplink or [])
+def check_uplinks(root: Path, uplinks: List[str], not_uplinks: List[str], config: Config) -> None:
+    """Refuse, before anything is planned, uplinks that cannot be: named both ways, in
+    NOT_UPLINKS, missing, a port of a bridge or bond, a lower device that learns nothing."""
     both = [n for n in uplinks if n in not_uplinks]
     if both:
         raise Error(f"{both[0]} is named both as an uplink and with --not-uplink")
-    require_root(root, args.dry_run)
-    config = read_config(root)
     for name in uplinks:
         if matches(config.not_uplinks, name):
             raise Error(
@@ -1414,6 +1411,15 @@ def cmd_enable(args: argparse.Namespace) -> int:
             why = lower_refusal(root, name, uplinks, addr_json, route_json)
             if why:
                 raise Error(why)
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    root = ROOT
+    uplinks = _unique_names(args.uplinks)
+    not_uplinks = _unique_names(args.not_uplink or [])
+    require_root(root, args.dry_run)
+    config = read_config(root)
+    check_uplinks(root, uplinks, not_uplinks, config)
     persist = not args.no_persist
     with _lock(root, args.dry_run):
         losses: List[Loss] = []
@@ -2000,6 +2006,22 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def handle_uevents(root: Path, config: Config, monitor, dry_run: bool) -> None:
+    """New and renamed interfaces: an uplink is configured, another one that will learn
+    nothing with forwarding on is named in the journal."""
+    while True:
+        device = monitor.poll(timeout=0)
+        if device is None:
+            return
+        name = device.sys_name
+        if device.action not in ("add", "move"):
+            continue
+        if config.is_uplink(name) and name not in config.held:
+            configure_new(root, name, dry_run)
+        elif not config.is_uplink(name) and device.action == "add":
+            warn_new_learner(root, config, name)
+
+
 def watch_loop(root, args, base, monitor, rtnl, stop, reload) -> None:
     """uevents for new and renamed interfaces; rtnetlink events (and a periodic look) for
     uplinks whose accept_ra something lowered.
@@ -2031,17 +2053,7 @@ def watch_loop(root, args, base, monitor, rtnl, stop, reload) -> None:
             continue
         config = watched(root, base)
         if monitor in ready:
-            while True:
-                device = monitor.poll(timeout=0)
-                if device is None:
-                    break
-                name = device.sys_name
-                if device.action not in ("add", "move"):
-                    continue
-                if config.is_uplink(name) and name not in config.held:
-                    configure_new(root, name, args.dry_run)
-                elif not config.is_uplink(name) and device.action == "add":
-                    warn_new_learner(root, config, name)
+            handle_uevents(root, config, monitor, args.dry_run)
         if indexes:
             try:
                 recheck(root, config, indexes, args.dry_run)
@@ -2134,7 +2146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help=f"read UPLINKS and FORWARDING from FILE (default: /{DEFAULTS_FILE})",
+        help=f"read UPLINKS, NOT_UPLINKS and FORWARDING from FILE (default: /{DEFAULTS_FILE})",
     )
     p.add_argument(
         "--uplink",

@@ -69,6 +69,36 @@ RADVD
     RADVD_STARTED=$SECONDS
 }
 
+# radvd_start_solicited NS IFACE...: radvd that sends no unsolicited advertisement at all
+# (UnicastOnly; MaxRtrAdvInterval 600 besides): every RA is the answer to a solicitation.
+radvd_start_solicited() {
+    local ns=$1 iface n=0 conf
+    shift
+    conf="$NS_WORK/radvd-$ns.conf"
+    : >"$conf"
+    for iface in "$@"; do
+        n=$((n + 1))
+        cat >>"$conf" <<RADVD
+interface $iface {
+    AdvSendAdvert on;
+    UnicastOnly on;
+    MinRtrAdvInterval 450;
+    MaxRtrAdvInterval 600;
+    AdvDefaultLifetime 1800;
+    prefix 2001:db8:$n::/64 { AdvOnLink on; AdvAutonomous on; };
+};
+RADVD
+    done
+    in_ns "$ns" sysctl -qw net.ipv6.conf.all.forwarding=1
+    RADVD_PIDFILES+=("$NS_WORK/radvd-$ns.pid")
+    in_ns "$ns" radvd -C "$conf" -p "$NS_WORK/radvd-$ns.pid" -m logfile \
+        -l "$NS_WORK/radvd-$ns.log" || fail "radvd did not start in $ns"
+}
+
+# snmp6 NS COUNTER: an ICMPv6 counter of the namespace (Icmp6InRouterSolicits...).
+# shellcheck disable=SC2016 # awk's own $1 and $2
+snmp6() { in_ns "$1" awk -v k="$2" '$1 == k { print $2 }' /proc/net/snmp6; }
+
 # ra_route NS IFACE: the RA-learned default route of IFACE, if any.
 ra_route() { ip -n "$1" -6 route show default dev "$2" proto ra 2>/dev/null; }
 # has_ra_route NS IFACE: true when there is one (ip itself exits 0 on an empty list).
