@@ -10,8 +10,33 @@ from pathlib import Path
 import pytest
 
 from debadmin.errors import Error
-from debadmin.ipv6_ra_forward import main as raf
+from debadmin.ipv6_ra_forward import main, managers, plan, solicit, stack, status, sysctls, watch
 from debadmin.ipv6_ra_forward import owner as owners
+
+MODULES = (main, plan, watch, status, stack, solicit, managers, sysctls, owners)
+
+
+class _Tool:
+    """The tool's modules as one namespace: raf.NAME is NAME wherever it is defined."""
+
+    def __getattr__(self, name):
+        for module in MODULES:
+            if hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(name)
+
+
+raf = _Tool()
+
+
+def patch(monkeypatch, name, value):
+    """Replace NAME in every module that holds it (where it is defined and where it is
+    imported), so that the modules calling it get the stand-in."""
+    found = [m for m in MODULES if hasattr(m, name)]
+    assert found, name
+    for module in found:
+        monkeypatch.setattr(module, name, value)
+
 
 SRC = Path(__file__).resolve().parents[2]
 DATA = SRC / "tests" / "data" / "ipv6-ra-forward"
@@ -53,9 +78,9 @@ def host(tmp_path, monkeypatch):
     """ROOT pointed at a fixture tree; solicitations recorded, not sent."""
     root = make_root(tmp_path, {"eth0": (0, 1), "eth0.100": (0, 1), "lan0": (0, 1)})
     root = FixtureRoot(root)
-    monkeypatch.setattr(raf, "ROOT", root)
+    patch(monkeypatch, "ROOT", root)
     sent = []
-    monkeypatch.setattr(raf, "solicit", lambda name: sent.append(name) or True)
+    patch(monkeypatch, "solicit", lambda name: sent.append(name) or True)
     root.sent = sent
     no_ra_learned(monkeypatch)
     return root
@@ -63,7 +88,7 @@ def host(tmp_path, monkeypatch):
 
 def no_ra_learned(monkeypatch, addr=(), route=()):
     """What 'ip' shows enable about the other interfaces: nothing learned, unless given."""
-    monkeypatch.setattr(raf, "ra_learned", lambda: (list(addr), list(route)))
+    patch(monkeypatch, "ra_learned", lambda: (list(addr), list(route)))
 
 
 # --- names ----------------------------------------------------------------------------------
@@ -308,8 +333,10 @@ def test_status_explains_the_problem(tmp_path):
 
 def test_status_cli_json(host, monkeypatch, capsys):
     addr, route = ip_fixtures()
-    monkeypatch.setattr(
-        raf, "ip_json", lambda argv: addr if "addr" in argv else route if "route" in argv else []
+    patch(
+        monkeypatch,
+        "ip_json",
+        lambda argv: addr if "addr" in argv else route if "route" in argv else [],
     )
     (host / raf.CONF_DIR / "all/forwarding").write_text("1\n")
     (host / raf.CONF_DIR / "eth0/forwarding").write_text("1\n")
@@ -328,12 +355,12 @@ def test_status_cli_json(host, monkeypatch, capsys):
 def test_enable_order_persist_and_idempotence(host, capsys, monkeypatch):
     order = []
     real_write = raf.write_sysctl
-    monkeypatch.setattr(
-        raf,
+    patch(
+        monkeypatch,
         "write_sysctl",
         lambda root, n, k, v: order.append((n, k, v)) or real_write(root, n, k, v),
     )
-    monkeypatch.setattr(raf, "solicit", lambda name: order.append(("solicit", name)))
+    patch(monkeypatch, "solicit", lambda name: order.append(("solicit", name)))
     assert raf.main(["enable", "eth0.100", "eth0"]) == 0
     assert order == [
         ("eth0.100", "accept_ra", 2),
@@ -473,7 +500,7 @@ def failing_forwarding(monkeypatch):
             )
         real_write(root, name, key, value)
 
-    monkeypatch.setattr(raf, "write_sysctl", write)
+    patch(monkeypatch, "write_sysctl", write)
 
 
 def test_failed_enable_writes_nothing(host, capsys, monkeypatch):
@@ -485,8 +512,8 @@ def test_failed_enable_writes_nothing(host, capsys, monkeypatch):
     assert sysctl(host, "eth0", "accept_ra") == 1 and host.sent == []
     # With a drop-in already there, it is put back byte for byte.
     monkeypatch.undo()
-    monkeypatch.setattr(raf, "ROOT", host)
-    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    patch(monkeypatch, "ROOT", host)
+    patch(monkeypatch, "solicit", lambda name: True)
     assert raf.main(["enable", "--no-forwarding", "lan0"]) == 0
     before = (host / raf.DROPIN).read_bytes()
     failing_forwarding(monkeypatch)
@@ -496,7 +523,7 @@ def test_failed_enable_writes_nothing(host, capsys, monkeypatch):
 
 
 def test_failed_solicitation_is_reported_as_skipped(host, capsys, monkeypatch):
-    monkeypatch.setattr(raf, "solicit", lambda name: False)
+    patch(monkeypatch, "solicit", lambda name: False)
     assert raf.main(["enable", "eth0"]) == 0
     out = capsys.readouterr().out
     assert "done: send a router solicitation" not in out
@@ -604,8 +631,8 @@ def test_ifupdown_enable_and_status(tmp_path, monkeypatch, capsys):
     )
     (root / "etc/network").mkdir(parents=True)
     (root / "etc/network/interfaces").write_text(IFUPDOWN_INET6)
-    monkeypatch.setattr(raf, "ROOT", root)
-    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
     assert raf.main(["enable", "static0"]) == 0  # ifupdown writes no accept_ra there
     assert "accept_ra 2" not in capsys.readouterr().out
     assert raf.main(["enable", "dhcp0"]) == 1
@@ -664,9 +691,9 @@ def test_networkd_link_without_network_file(tmp_path):
 
 def test_enable_does_not_fight_networkd(tmp_path, monkeypatch, capsys):
     root = make_root(tmp_path, {"enp1s0": (0, 0), "lan0": (0, 1)}, fixture="networkd")
-    monkeypatch.setattr(raf, "ROOT", root)
+    patch(monkeypatch, "ROOT", root)
     sent = []
-    monkeypatch.setattr(raf, "solicit", sent.append)
+    patch(monkeypatch, "solicit", sent.append)
     assert raf.main(["enable", "enp1s0", "lan0"]) == 1
     out = capsys.readouterr().out
     assert "/etc/systemd/network/10-uplink.network.d/60-ipv6-ra-forward.conf" in out
@@ -765,7 +792,7 @@ def run_watch(monkeypatch, monitor, *argv):
     handlers watch installs are put back afterwards."""
     monkeypatch.setattr(raf.pyudev, "Context", lambda: None)
     monkeypatch.setattr(raf.pyudev.Monitor, "from_netlink", lambda context, source: monitor)
-    monkeypatch.setattr(raf, "rtnetlink_socket", lambda: None)
+    patch(monkeypatch, "rtnetlink_socket", lambda: None)
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
     try:
         return raf.main(["watch", *argv])
@@ -850,8 +877,8 @@ def networkd_eth0(tmp_path, monkeypatch, network="[Match]\nName=eth0\n\n[Network
     root = make_root(tmp_path, {"eth0": (0, 0), "k0": (0, 1)}, fixture="networkd-state")
     (root / "etc/systemd/network").mkdir(parents=True)
     (root / "etc/systemd/network/50-eth0.network").write_text(network)
-    monkeypatch.setattr(raf, "ROOT", root)
-    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
     return root
 
 
@@ -1102,7 +1129,7 @@ def test_status_prints_no_expiry_for_user_space_routes(host, monkeypatch, capsys
             "flags": [],
         }
     ]  # NetworkManager: no kernel expiry
-    monkeypatch.setattr(raf, "ip_json", lambda argv: route if "route" in argv else [])
+    patch(monkeypatch, "ip_json", lambda argv: route if "route" in argv else [])
     raf.main(["status", "eth0"])
     out = capsys.readouterr().out
     assert "  default via fe80::1 (RA)\n" in out and "None" not in out
@@ -1185,8 +1212,8 @@ def test_enable_says_what_brings_a_recreated_bridge_back(
     tmp_path, monkeypatch, capsys, setup, says
 ):
     root = make_root(tmp_path, {"br0": (0, 1)})
-    monkeypatch.setattr(raf, "ROOT", root)
-    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
     (root / "sys/class/net/br0/bridge").mkdir(parents=True)
     if setup == "udev":
         (root / "run/udev").mkdir(parents=True)
@@ -1219,7 +1246,7 @@ def test_no_solicitation_while_the_link_local_address_is_tentative(tmp_path, cap
     step = raf.solicit_step("br0", tmp_path)
     with pytest.raises(raf.Skipped, match="duplicate address detection"):
         step.action()
-    raf._run_steps([step], dry_run=False)
+    raf.run_steps([step], dry_run=False)
     out = capsys.readouterr().out
     assert "skipped: send a router solicitation on br0: its link-local address is still" in out
     assert "WARNING" not in caplog.text
@@ -1301,8 +1328,8 @@ def test_every_refused_enable_writes_nothing(tmp_path, monkeypatch, capsys, case
     """Each refusal of enable, with forwarding off or already on: no file under /etc and
     no sysctl changed (issue 26: bookworm wrote its sysctl file)."""
     root, argv, code = _refusal_root(tmp_path, case, forwarding)
-    monkeypatch.setattr(raf, "ROOT", root)
-    monkeypatch.setattr(raf, "solicit", lambda name: True)
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
     before = _etc_and_sysctls(root)
     assert raf.main(argv) == code
     capsys.readouterr()
@@ -1461,7 +1488,7 @@ def test_messages_not_root_and_not_there_yet(host, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "no interface bond0: for one that does not exist yet" in err
     assert 'UPLINKS= in /etc/default/ipv6-ra-forward (UPLINKS="bond0")' in err
-    monkeypatch.setattr(raf, "ROOT", raf.Path("/"))
+    patch(monkeypatch, "ROOT", raf.Path("/"))
     monkeypatch.setattr(raf.os, "geteuid", lambda: 1000)
     for argv in (["enable", "eth0"], ["disable", "eth0"], ["watch", "--once"]):
         assert raf.main(argv) == 2

@@ -1,2 +1,4 @@
-"""ipv6-ra-forward: main (command line, status, enable/disable plans) and owner (which
-network manager owns an interface)."""
+"""ipv6-ra-forward: main (the command line), plan (enable and disable), status, watch (the
+daemon), stack (bridges, bonds, VLANs in sysfs), solicit (router solicitations), managers
+(networkd, NetworkManager, ifupdown advice), sysctls (names, sysctls, the drop-in, the
+configuration) and owner (which network manager owns an interface)."""
