@@ -1550,3 +1550,17 @@ def test_watch_says_a_new_interface_learns_nothing(host, caplog):
     caplog.clear()
     raf.warn_new_learner(host, raf.Config(uplinks=["eth0"], not_uplinks=["lan0"]), "lan0")
     assert caplog.text == ""
+
+
+def test_ifupdown_advice_agrees_for_an_inet6_auto_stanza(host, capsys):
+    interfaces = host / "etc/network/interfaces"
+    interfaces.parent.mkdir(parents=True)
+    interfaces.write_text("iface eth0 inet6 auto\n    accept_ra 1\n")
+    (host / "sys/class/net/eth0").mkdir(parents=True)  # no device/: a bridge, bond or VLAN
+    assert raf.main(["enable", "eth0"]) == 1
+    out = capsys.readouterr().out
+    assert "'iface eth0 inet6' stanza of" in out and "    accept_ra 2\n" in out
+    assert "set 'accept_ra 2' in its 'iface eth0 inet6 auto' stanza" in out
+    assert "use 'iface eth0 inet6 auto'" not in out  # it has that already
+    interfaces.write_text("iface lan0 inet6 auto\n")
+    assert "use 'iface eth0 inet6 auto'" in raf.reapply_note(host, "eth0", True)

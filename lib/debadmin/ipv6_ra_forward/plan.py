@@ -465,6 +465,21 @@ def watcher_covers(root: Path, ifname: str, persist: bool) -> Optional[str]:
     return None
 
 
+def ifupdown_way(owner: owners.Owner, ifname: str) -> str:
+    """How ifupdown would set accept_ra 2 itself: the stanza the interface has, with
+    accept_ra 2, rather than 'use inet6 auto' to one that has it already."""
+    inet6 = owner.inet6 if owner.name == owners.IFUPDOWN else None
+    if inet6 is None:
+        return f"use 'iface {ifname} inet6 auto'"
+    method = inet6.get("method", "")
+    if method == "auto":
+        return f"set 'accept_ra 2' in its 'iface {ifname} inet6 auto' stanza ({owner.source})"
+    return (
+        f"set 'accept_ra 2' in its 'iface {ifname} inet6 {method}' stanza ({owner.source}),"
+        " or use method auto"
+    )
+
+
 def reapply_note(root: Path, ifname: str, persist: bool) -> str:
     """One line: what sets accept_ra=2 again when ifname is created anew (ifdown/ifup of a
     bridge, a reboot), and whether the route then comes back at once."""
@@ -486,13 +501,13 @@ def reapply_note(root: Path, ifname: str, persist: bool) -> str:
             prefix + f"udev applies /{DROPIN} (systemd's 99-systemd.rules), but sends no "
             "router solicitation: if the link is up by then, the route waits for the "
             "router's next advertisement (radvd: up to 10 minutes); for it at once, "
-            f"use 'iface {ifname} inet6 auto' or UPLINKS={ifname} with "
+            f"{ifupdown_way(owner, ifname)} or set UPLINKS={ifname} with "
             "ipv6-ra-forward.service enabled"
         )
     if persist:
         return (
             prefix + f"systemd-sysctl applies /{DROPIN} at boot; no udev runs here to "
-            f"apply it to a recreated {ifname}: use 'iface {ifname} inet6 auto' or "
+            f"apply it to a recreated {ifname}: {ifupdown_way(owner, ifname)} or enable "
             "ipv6-ra-forward.service"
         )
     return prefix + "nothing: --no-persist changed the running system only"
