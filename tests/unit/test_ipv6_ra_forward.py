@@ -315,7 +315,9 @@ def test_status_explains_the_problem(tmp_path):
     assert "vnet3" not in messages  # a plain neighbour, no router
     # No route, no address left: a router's neighbour entry alone makes no uplink (issue
     # 35: it outlives routes, and a trunk that ignores RAs keeps one for ever).
-    assert "wan1" not in messages
+    severities = {p["subject"]: p["severity"] for p in report["findings"]}
+    assert severities["wan1"] == "warning" and "add it to NOT_UPLINKS" in messages["wan1"]
+    assert messages["wan1"].startswith("a router was seen on wan1, whose RAs the kernel ignores")
     wan1 = [i for i in report["interfaces"] if i["name"] == "wan1"][0]
     assert wan1["router_seen"] and not wan1["uplink"] and wan1["not_uplink"] is None
     # Named, it is looked at: then the kernel ignoring its RAs is the finding.
@@ -1564,3 +1566,28 @@ def test_ifupdown_advice_agrees_for_an_inet6_auto_stanza(host, capsys):
     assert "use 'iface eth0 inet6 auto'" not in out  # it has that already
     interfaces.write_text("iface lan0 inet6 auto\n")
     assert "use 'iface eth0 inet6 auto'" in raf.reapply_note(host, "eth0", True)
+
+
+def test_networkmanager_vlan_and_bond_profiles(tmp_path):
+    connections = tmp_path / "etc/NetworkManager/system-connections"
+    connections.mkdir(parents=True)
+    (connections / "vlan100.nmconnection").write_text(
+        "[connection]\nid=vlan100\ntype=vlan\n\n[vlan]\nparent=enp1s0\nid=100\n\n"
+        "[ipv6]\nmethod=auto\n"
+    )
+    (connections / "bond0.nmconnection").write_text(
+        "[connection]\nid=bond\ntype=bond\ninterface-name=bond0\n\n[ipv6]\nmethod=ignore\n"
+    )
+    (connections / "long.nmconnection").write_text(
+        "[connection]\nid=long\ntype=vlan\n\n[vlan]\nparent=enp0s20f0u1u2\nid=4000\n"
+    )
+    (tmp_path / "run/NetworkManager").mkdir(parents=True)
+    vlan = owners.nm_connection_for(tmp_path, "enp1s0.100")
+    assert vlan["id"] == "vlan100" and vlan["method"] == "auto"
+    assert owners.nm_connection_for(tmp_path, "bond0")["method"] == "ignore"
+    assert owners.nm_connection_for(tmp_path, "enp0s20f0u.4000")["id"] == "long"
+    owner = owners.detect(tmp_path, "enp1s0.100")
+    assert (owner.name, owner.connection) == (owners.NETWORKMANAGER, "vlan100")
+    assert "nmcli connection modify bond ipv6.method auto" in raf.snippet(
+        owners.detect(tmp_path, "bond0"), "bond0", tmp_path
+    )

@@ -300,11 +300,26 @@ def networkmanager_active(root: Path) -> bool:
     )
 
 
+def nm_interface_name(parser: configparser.ConfigParser) -> Optional[str]:
+    """The interface a keyfile is for: interface-name, or for a VLAN profile without one
+    the name NetworkManager gives it (nm_utils_new_vlan_name(): PARENT.ID, the parent
+    shortened to fit 15 bytes), when its parent is an interface name."""
+    name = parser.get("connection", "interface-name", fallback=None)
+    if name or parser.get("connection", "type", fallback=None) != "vlan":
+        return name
+    parent = parser.get("vlan", "parent", fallback="")
+    vlan_id = parser.get("vlan", "id", fallback="")
+    if not parent or not vlan_id.isdigit() or len(parent) == 36 and parent.count("-") == 4:
+        return None  # no parent, or a connection's UUID: no name to compare
+    suffix = f".{int(vlan_id)}"
+    return parent[: 15 - len(suffix)] + suffix
+
+
 def nm_connection_for(root: Path, ifname: str) -> Optional[Dict[str, str]]:
     """The NetworkManager keyfile bound to ifname: {'id': ..., 'path': ..., 'method': ...}."""
     for entry in sysconf.dropin_files(root, NM_CONNECTION_DIRS, ".nmconnection"):
         parser = _ini(_read(entry) or "")
-        if parser.get("connection", "interface-name", fallback=None) == ifname:
+        if nm_interface_name(parser) == ifname:
             return {
                 "id": parser.get("connection", "id", fallback=entry.name[:-13]),
                 "path": str(entry),

@@ -260,6 +260,34 @@ def kernel_findings(
     return found
 
 
+def router_seen_finding(
+    facts: StatusFacts,
+    name: str,
+    owner: owners.Owner,
+    forwarding: int,
+    accept_ra: int,
+    reason: Optional[str],
+) -> List[Dict[str, object]]:
+    """A warning, never an action, for an interface that is no uplink, that the admin did
+    not tell to ignore RAs, where a router was seen but the kernel ignores its RAs now:
+    an uplink whose route forwarding purged, or a trunk nobody said anything about."""
+    if reason is not None or name not in facts.routers or owner.handles_ra_itself:
+        return []
+    if accepts_ra(accept_ra, forwarding):
+        return []
+    return [
+        finding(
+            "router-seen",
+            "warning",
+            f"a router was seen on {name}, whose RAs the kernel ignores now "
+            f"(forwarding={forwarding}, accept_ra={accept_ra}): if it is an uplink, run "
+            f"'ipv6-ra-forward enable {name}'; if not, add it to NOT_UPLINKS in "
+            f"{facts.root / DEFAULTS_FILE}",
+            subject=name,
+        )
+    ]
+
+
 def status_entry(
     facts: StatusFacts, name: str, owner: owners.Owner
 ) -> Tuple[Dict[str, object], List[Dict[str, object]]]:
@@ -282,8 +310,10 @@ def status_entry(
         "router_seen": name in facts.routers,
         "not_uplink": reason,
     }
-    if not uplink or name == "lo":
+    if name == "lo":
         return entry, []
+    if not uplink:
+        return entry, router_seen_finding(facts, name, owner, forwarding, accept_ra, reason)
     if owner.handles_ra_itself:
         problems = manager_findings(facts, name, owner)
     else:
