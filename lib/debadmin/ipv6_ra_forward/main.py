@@ -37,7 +37,7 @@ from debadmin.ipv6_ra_forward.plan import (
     ra_learned,
     reapply_note,
 )
-from debadmin.ipv6_ra_forward.watch import run_watch
+from debadmin.ipv6_ra_forward.watch import run_watch, watch_config
 
 PROG = "ipv6-ra-forward"
 # Not /run/lock: any user may create files there, and hold the lock for ever.
@@ -217,6 +217,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     root = ROOT
+    watch_config(root, args)  # a bad configuration is refused as such, root or not
     require_root(root, args.dry_run)
     return run_watch(root, args)
 
