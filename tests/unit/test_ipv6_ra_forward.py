@@ -1591,3 +1591,14 @@ def test_networkmanager_vlan_and_bond_profiles(tmp_path):
     assert "nmcli connection modify bond ipv6.method auto" in raf.snippet(
         owners.detect(tmp_path, "bond0"), "bond0", tmp_path
     )
+
+
+def test_watch_names_existing_interfaces_that_learn_nothing(host, caplog):
+    conf = host / "conf"
+    conf.write_text('UPLINKS="eth0"\nNOT_UPLINKS="eth0.*"\n')
+    assert raf.main(["watch", "--once", "--config", str(conf)]) == 0
+    assert sysctl(host, "all", "forwarding") == 1
+    assert "lan0 has accept_ra=1 while forwarding is on: it learns no default route" in (
+        caplog.text
+    )
+    assert "eth0.100 has" not in caplog.text and "eth0 has" not in caplog.text

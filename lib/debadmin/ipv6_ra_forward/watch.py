@@ -198,9 +198,10 @@ def apply_existing(root: Path, config: Config, dry_run: bool) -> bool:
 _last_refusal = [""]
 
 
-def warn_new_learner(root: Path, config: Config, ifname: str) -> None:
-    """A new interface UPLINKS does not match, that would learn from RAs but for
-    forwarding: the journal says it learns nothing, unless NOT_UPLINKS names it."""
+def warn_new_learner(root: Path, config: Config, ifname: str, appeared: bool = True) -> None:
+    """An interface UPLINKS does not match, new or there at start, that would learn from
+    RAs but for forwarding: the journal says it learns nothing, unless NOT_UPLINKS names
+    it (at boot forwarding goes on before any interface has learned anything)."""
     if matches(config.not_uplinks, ifname) or not wait_for_sysctl(root, ifname, 0.5):
         return
     try:
@@ -214,15 +215,17 @@ def warn_new_learner(root: Path, config: Config, ifname: str) -> None:
     if owners.detect(root, ifname).handles_ra_itself:
         return
     log.warning(
-        "%s appeared with accept_ra=%d while forwarding is on: it learns no default route "
+        "%s %s accept_ra=%d while forwarding is on: it learns no default route "
         "or address from router advertisements; add it to UPLINKS= (to learn them) or "
         "NOT_UPLINKS= (to say it need not) in /%s",
         ifname,
+        "appeared with" if appeared else "has",
         accept_ra,
         DEFAULTS_FILE,
     )
 
 
+# rtnetlink: an ifup, NetworkManager or networkd lowering accept_ra.
 #
 # No event says "accept_ra changed": RTM_NEWNETCONF carries forwarding, proxy_ndp and
 # mc_forwarding only. But whoever lowers accept_ra on an uplink does it while configuring
@@ -429,6 +432,9 @@ def run_watch(root: Path, args: argparse.Namespace) -> int:
         # service is not restarted, is kept for configuration errors.
         print(f"ipv6-ra-forward: error: {exc}", file=sys.stderr)
         return EXIT_ACTION
+    for name in valid_names(ipv6_interfaces(root)):
+        if not config.is_uplink(name):
+            warn_new_learner(root, config, name, appeared=False)
     if args.once:
         return EXIT_OK
     log.info("watching %s events of subsystem net for %s", source, " ".join(config.uplinks))
