@@ -175,6 +175,11 @@ def mounted_esps(root: Path) -> List[str]:
         if len(fields) < dash + 2 or len(fields) < 5:
             continue
         number, mount_point, fstype = fields[2], unescape(fields[4]), fields[dash + 1]
+        if fstype == "autofs" and mount_point in ESP_MOUNTS:
+            # systemd's automount of the ESP: walking it mounts it.
+            if mount_point not in found:
+                found.append(mount_point)
+            continue
         if fstype not in ("vfat", "msdos"):
             continue
         if mount_point in ESP_MOUNTS or partition_type(root, number) == ESP_TYPE:
@@ -309,6 +314,12 @@ def boot_path(
     tops = [(top, top) for top in esps]
     if discover:
         tops += [(str(root / m.lstrip("/")), m) for m in mounted_esps(root)]
+    if discover and not tops:
+        raise Error(
+            "no EFI system partition is mounted (none on /boot/efi or /efi, no vfat mount "
+            "of the ESP partition type): mount it first, or name it with --esp DIR; "
+            "nothing written"
+        )
     skipped = 0
     for top, label in tops:
         if not os.path.isdir(top):
@@ -415,7 +426,9 @@ def render(result: dict) -> List[str]:
         lines.append(f"  {result['reason']}")
     checked = result["checked"]
     if checked:
-        lines.append(f"  ESPs checked: {', '.join(checked['esps']) or 'none'}")
+        lines.append(
+            f"  ESPs checked: {', '.join(checked['esps']) or 'none (name a copy with --esp DIR)'}"
+        )
         for binary in checked["binaries"]:
             line = f"  {binary['verdict']}: {binary['path']}"
             if binary["sha256"]:
