@@ -513,3 +513,75 @@ def test_a_revoked_package_image_refuses_the_write(tmp_path, capsys, monkeypatch
     assert "REFUSED" in out and f"revoked: {package_grub}" in out
     assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
     assert not (root / efivarfs.BACKUP_DIR).exists()
+
+
+# --- an NVRAM file -------------------------------------------------------------------------
+
+OVMF_MS = Path("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+needs_ovmf = pytest.mark.skipif(not OVMF_MS.is_file(), reason="ovmf is not installed")
+
+
+@needs_ovmf
+@needs_shim
+@needs_grub
+def test_a_varstore_gets_the_update_as_edk2_appends_it(tmp_path, capsys):
+    store = tmp_path / "VM_VARS.fd"
+    shutil.copyfile(OVMF_MS, store)
+    esp = esp_copy(tmp_path, SHIM, GRUB)
+    rc, doc, err = dbx_json(capsys, "--varstore", str(store), "--dry-run")
+    assert rc == 0 and doc["dbx"]["status"] == "planned"
+    assert doc["dbx"]["checked"]["esps"] == [] and store.read_bytes() == OVMF_MS.read_bytes()
+    # A write needs the VM's ESP.
+    rc, doc, err = dbx_json(capsys, "--varstore", str(store))
+    assert rc == 2 and "--esp DIR" in err and store.read_bytes() == OVMF_MS.read_bytes()
+    rc, doc, err = dbx_json(capsys, "--varstore", str(store), "--esp", str(esp))
+    assert rc == 0, err
+    result = doc["dbx"]
+    assert result["status"] == "applied" and result["written"] is True
+    assert Path(result["backup"]).read_bytes() == OVMF_MS.read_bytes()
+    before = efi.read_varstore(OVMF_MS)["dbx"].data
+    after = efi.read_varstore(store)
+    assert after["dbx"].data == before + latest_data()
+    for name in ("PK", "KEK", "db"):
+        assert after[name].data == efi.read_varstore(OVMF_MS)[name].data
+    # The report agrees, and a second run changes nothing.
+    rc, out, err = run(capsys, "--varstore", str(store), "--payloads", str(OBJECTS), "--json")
+    assert json.loads(out)["reports"][0]["dbx_update"]["behind"] is False
+    written = store.read_bytes()
+    rc, doc, err = dbx_json(capsys, "--varstore", str(store), "--esp", str(esp))
+    assert rc == 0 and doc["dbx"]["status"] == "present" and store.read_bytes() == written
+
+
+@needs_ovmf
+@needs_grub
+def test_a_varstore_whose_grub_the_update_revokes_is_left_alone(tmp_path, capsys, owned):
+    """A store whose PK and KEK the test owns, an update signed by that KEK revoking the
+    guest's GRUB (a copy of its ESP): refused, the store unchanged, no backup."""
+    data = OVMF_MS.read_bytes()
+    walked = fix.walk_store(data, "ovmf")
+    updates = {
+        ("PK", efi.GLOBAL_GUID): fix.signature_list(efi.der(owned["PK"][1])),
+        ("KEK", efi.GLOBAL_GUID): fix.signature_list(efi.der(owned["KEK"][1])),
+    }
+    store = tmp_path / "OWNED_VARS.fd"
+    store.write_bytes(fix.rewrite(walked, updates) + data[walked.end :])
+    grub_hash = pe.parse(GRUB.read_bytes(), "grub").sha256
+    blob = signed_dbx_update(owned["KEK"], hash_list([grub_hash]))
+    tree = owned_tree(tmp_path, "Revoke.bin", blob)
+    esp = esp_copy(tmp_path, GRUB)
+    before = store.read_bytes()
+    argv = ["--varstore", str(store), "--esp", str(esp), "--payloads", str(tree)]
+    rc, doc, err = dbx_json(capsys, *argv, "--dbx-update", "Optional/DBX/Revoke.bin")
+    assert rc == 2
+    assert doc["dbx"]["status"] == "refused"
+    assert doc["dbx"]["checked"]["binaries"][0]["verdict"] == "revoked"
+    assert "grubx64.efi is revoked" in err
+    assert store.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["OWNED_VARS.fd", "esp", "objects"]
+    # The same update, unrevoked GRUB elsewhere: applied, signed by the test's KEK.
+    other = signed_dbx_update(owned["KEK"], hash_list(["cd" * 32]))
+    owned_tree(tmp_path, "Other.bin", other)
+    rc, doc, err = dbx_json(capsys, *argv, "--dbx-update", "Optional/DBX/Other.bin")
+    assert rc == 0, err
+    assert doc["dbx"]["signer"]["signed_by"] == "Test KEK"
+    assert efi.read_varstore(store)["dbx"].data.endswith(hash_list(["cd" * 32])[28:])

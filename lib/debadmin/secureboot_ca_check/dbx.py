@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import stat
+import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from cryptography import x509
 from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import efi, efivarfs, payloads, pe
+from debadmin.secureboot_ca_check import efi, efivarfs, fix, payloads, pe
 
 log = logging.getLogger("debadmin")
 PROG = "secureboot-ca-check"
@@ -451,9 +452,12 @@ def output(args, result: dict, status: int) -> None:
 
 
 def cmd_fix_dbx(args) -> int:
-    """--fix --dbx on this machine's efivarfs, or an --efivars dump (--dry-run)."""
-    if args.varstore or args.libvirt:
-        raise Error("--dbx works on this machine's firmware or an --efivars dump (--dry-run)")
+    """--fix --dbx on this machine's efivarfs, an --efivars dump (--dry-run) or one
+    --varstore file."""
+    if args.libvirt:
+        raise Error("--dbx works on this machine's firmware, an --efivars dump or --varstore")
+    if args.varstore:
+        return fix_varstore(args)
     directory = efivarfs.firmware_directory(args)
     root = Path(args.root or "/")
     if args.dry_run:
@@ -544,6 +548,103 @@ def apply(args, directory, root, result, payload, variables) -> int:
             f"in {result['backup']}"
         )
     return 0
+
+
+# --- an NVRAM file ---------------------------------------------------------------------------
+
+
+def new_entries(appended: bytes, held: bytes) -> bytes:
+    """The signature lists of appended without the entries held already: what edk2's
+    authenticated append (FilterSignatureList) adds."""
+    have = efivarfs.raw_entries(held) or set()
+    lists, offset = b"", 0
+    while offset < len(appended):
+        size, header, each = struct.unpack_from("<III", appended, offset + 16)
+        body = offset + 28 + header
+        kind = appended[offset : offset + 16]
+        fresh = [
+            appended[i : i + each]
+            for i in range(body, offset + size, each)
+            if (kind, appended[i : i + each]) not in have
+        ]
+        if fresh:
+            head = struct.pack("<III", 28 + header + each * len(fresh), header, each)
+            lists += kind + head + appended[offset + 28 : body] + b"".join(fresh)
+        offset += size
+    return lists
+
+
+@dataclass
+class StorePlan:
+    """fix.fix_file's plan: the JSON, and the new store (or None)."""
+
+    result: dict
+    new_bytes: Optional[Tuple[bytes, memoryview]] = None
+
+    def as_json(self) -> dict:
+        return dict(self.result)
+
+
+def fix_varstore(args) -> int:
+    """--varstore FILE --fix --dbx: planned, the boot path (--esp) checked, then the
+    update's new entries appended to dbx in the store as edk2 appends them, under the
+    lock, with a backup (fix.fix_file)."""
+    if len(args.varstore) != 1:
+        raise Error("--fix --dbx takes one --varstore FILE (each VM has its own ESP)")
+    if args.efivars:
+        raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    root = Path(args.root or "/")
+    objects = payloads.load_objects(args.payloads, root)
+    arch = getattr(args, "arch", None) or efivarfs.machine_arch()
+    rel = update_path(args.dbx_update, arch)
+    if not args.esp and not args.dry_run:
+        raise Error(
+            "--varstore FILE --fix --dbx checks the VM's boot path first: name a copy of its "
+            "ESP (or the ESP mounted read-only) with --esp DIR; nothing written"
+        )
+    seen: dict = {}
+
+    def planner(data: bytes, source: str, _certs) -> StorePlan:
+        store = fix.walk_store(data, source)
+        variables = efi.parse_varstore(data, source)
+        if "PK" not in variables or "KEK" not in variables:
+            raise Error(f"{source}: no PK or KEK enrolled: nothing can sign a dbx update")
+        result, payload, missing = plan(variables, objects, rel, source, arch)
+        if result["status"] != "planned":
+            return StorePlan(result)
+        if "checked" not in seen:
+            seen["checked"] = boot_path(root, args.esp or [], False, bool(args.root), missing)
+        result["checked"] = seen["checked"]
+        problem = refusal(result["checked"], payload.path)
+        if problem:
+            result.update({"status": "refused", "error": problem})
+            seen["refused"] = result
+            raise Error(problem)
+        slot = store.current("dbx", efi.IMAGE_SECURITY_GUID)
+        if (
+            slot is None
+            or slot.attributes & efi.ATTR_AUTHENTICATED_DB != efi.ATTR_AUTHENTICATED_DB
+        ):
+            raise Error(f"{source}: dbx is not an authenticated variable")
+        held = bytes(data[slot.data_at : slot.end])
+        updates = {("dbx", efi.IMAGE_SECURITY_GUID): held + new_entries(payload.data, held)}
+        new = fix.rewrite(store, updates)
+        fix.check_rewrite(data, new, store, updates, source)
+        return StorePlan(result, (new, memoryview(data)[store.end :]))
+
+    path = Path(args.varstore[0])
+    try:
+        result = fix.fix_file(path, {}, dry_run=True, planner=planner)
+        if not args.dry_run and result["status"] == "planned":
+            result = fix.fix_file(path, {}, dry_run=False, planner=planner)
+            result["status"] = "applied" if result["written"] else result["status"]
+    except Error:
+        if "refused" in seen:
+            output(args, seen["refused"], 2)
+        raise
+    code = 1 if result["status"] == "not-possible" else 0
+    output(args, result, code)
+    return code
 
 
 # --- the weekly check ------------------------------------------------------------------------
