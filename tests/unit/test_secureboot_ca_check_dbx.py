@@ -585,3 +585,14 @@ def test_a_varstore_whose_grub_the_update_revokes_is_left_alone(tmp_path, capsys
     assert rc == 0, err
     assert doc["dbx"]["signer"]["signed_by"] == "Test KEK"
     assert efi.read_varstore(store)["dbx"].data.endswith(hash_list(["cd" * 32])[28:])
+
+
+@needs_shim
+def test_a_signature_whose_signer_is_not_found_is_judged_by_its_certificates():
+    image = pe.parse(SHIM.read_bytes(), "shim")
+    first = image.signatures[0]
+    ca_2011 = next(c for c in first.certs if efi.fingerprint(c) == UEFI_CA_2011)
+    image.signatures = [pe.Signature(1, None, first.certs)]
+    hits = dbx.judge(image, dbx.Additions(certs=[ca_2011]))
+    assert [h["entry"] for h in hits] == ["Microsoft Corporation UEFI CA 2011"]
+    assert dbx.judge(image, dbx.Additions(hashes={"00" * 32: None})) == []

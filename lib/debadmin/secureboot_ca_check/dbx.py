@@ -211,10 +211,10 @@ def judge(image: pe.Image, missing: Additions) -> List[dict]:
     if entry is not None:
         hits.append({"type": "sha256", "entry": image.sha256, "owner": entry.owner})
     for signature in image.signatures:
-        if signature.signer is None:
-            continue
+        # A signer not found (identified by key identifier): any certificate it carries.
+        leaves = [signature.signer] if signature.signer else signature.certs
         for cert in missing.certs:
-            if payloads.chain_to(signature.signer, signature.certs, cert) is not None:
+            if any(payloads.chain_to(leaf, signature.certs, cert) for leaf in leaves):
                 hits.append(
                     {
                         "type": "x509",
