@@ -48,7 +48,7 @@ REPO_DEPENDS := reprepro gnupg
 TOOLS := $(notdir $(wildcard bin/*))
 TEST_DEPENDS_journal-acl-setup := acl btrfs-progs
 TEST_DEPENDS_secureboot-ca-check := ovmf shim-signed python3-cryptography python3-asn1crypto \
-	openssl e2fsprogs qemu-utils qemu-system-x86 mmdebstrap cryptsetup-bin luksmeta
+	python3-pefile pesign grub-efi-amd64-signed openssl e2fsprogs qemu-utils qemu-system-x86 mmdebstrap cryptsetup-bin luksmeta
 TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
 	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT)) debian-archive-keyring
 # Not here: qemu-system-misc opensbi u-boot-qemu, for the opt-in riscv64 boot

@@ -26,6 +26,7 @@ PACKAGE_OF_MODULE = {
     "apt": "python3-apt",
     "asn1crypto": "python3-asn1crypto",
     "cryptography": "python3-cryptography",
+    "pefile": "python3-pefile",
     "pyudev": "python3-pyudev",
     "posix1e": "python3-pylibacl",
 }

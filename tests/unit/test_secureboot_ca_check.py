@@ -979,7 +979,7 @@ def test_metric_families_are_grouped(tmp_path, capsys):
         name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
         if not families or families[-1] != name:
             families.append(name)
-    assert len(families) == len(set(families)) == 7, families
+    assert len(families) == len(set(families)) == 8, families
     samples = [line for line in lines if line.startswith("secureboot_ca_check_ca_present{")]
     assert len(samples) == 2 * len(checks.KNOWN_CAS)
 
@@ -1171,6 +1171,7 @@ def test_json_fields_are_stable(tmp_path, capsys):
         "shims",
         "fwupd",
         "offline_fix",
+        "dbx_update",
         "microsoft_managed",
         "findings",
         "next_steps",

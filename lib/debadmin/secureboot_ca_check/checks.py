@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from debadmin import debver, fsutil
 from debadmin.errors import EXIT_NOT_APPLICABLE, Error
 from debadmin.findings import finding
-from debadmin.secureboot_ca_check import efi, efivarfs, payloads, rules
+from debadmin.secureboot_ca_check import dbx, efi, efivarfs, payloads, rules
 
 log = logging.getLogger("debadmin")
 
@@ -618,6 +618,7 @@ def build_report(
         report = gather(kind, path, variables, shims, root, now, known, host)
         report["offline_fix"] = offline_fix(kind, path, variables, root, payloads_dir)
         rules.assess(report, known)
+        dbx_finding(report, variables, root, payloads_dir)
     for message in dict.fromkeys(str(w.message) for w in caught):
         log.debug("%s: warning from a library: %s", printable(path), printable(message))
     for database in report["variables"].values():
@@ -625,6 +626,25 @@ def build_report(
             del database[key]
     del report["_facts"]
     return report
+
+
+def dbx_finding(report: dict, variables, root: Path, payloads_dir: Optional[str]) -> None:
+    """dbx against Microsoft's latest dbx update: report["dbx"], and a warning (the exit
+    status stays: a dbx update is applied with care, --fix --dbx) when dbx lacks some of
+    its entries."""
+    state = dbx.status(variables, payloads_dir, root, efivarfs.machine_arch())
+    report["dbx_update"] = state
+    if state and state["behind"] and report["secure_boot_active"]:
+        report["findings"].append(
+            finding(
+                "dbx-behind",
+                "warning",
+                f"dbx lacks {state['missing']} of the {state['entries']} entries of Microsoft's "
+                f"latest dbx update ({state['latest']}): secureboot-ca-check --fix --dbx "
+                "--dry-run shows what it would revoke on this machine",
+                "dbx",
+            )
+        )
 
 
 def blank_report(kind: str, path: str, reason: str) -> dict:
@@ -643,6 +663,7 @@ def blank_report(kind: str, path: str, reason: str) -> dict:
         "shims": [],
         "fwupd": None,
         "offline_fix": None,
+        "dbx_update": None,
         "microsoft_managed": False,
         "findings": [finding("blank-nvram", "info", message, path)],
         "next_steps": [],
@@ -925,6 +946,15 @@ def render_metrics(reports: List[dict], status: int, now: float) -> str:
                     (src, int(r["offline_fix"]["kek_update_published"]))
                     for src, r in zip(sources, reports)
                     if (r.get("offline_fix") or {}).get("kek_update_published") is not None
+                ],
+            ),
+            (
+                "dbx_behind",
+                "Whether dbx lacks entries of Microsoft's latest dbx update.",
+                [
+                    (src, int(r["dbx_update"]["behind"]))
+                    for src, r in zip(sources, reports)
+                    if r.get("dbx_update")
                 ],
             ),
             (

@@ -666,8 +666,9 @@ def unchanged(fd: int, path: Path, seen: os.stat_result) -> None:
         raise Error(f"{path} changed while --fix read it: nothing written, run it again")
 
 
-def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
+def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, planner=None) -> dict:
     """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result.
+    planner (default plan_fix) makes the plan from the store's bytes (dbx.py's for dbx).
 
     The lock taken before the file is read is held until the new file is in place."""
     try:
@@ -685,7 +686,7 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
             raise Error(f"{path} is locked by another process (a running VM?): shut it down first")
         seen = os.fstat(fd)
         data, image = read_store_file(handle, path)
-        plan = plan_fix(data, str(path), certs)
+        plan = (planner or plan_fix)(data, str(path), certs)
         result = plan.as_json()
         result.update(
             {"format": "raw" if image is None else "qcow2", "backup": None, "written": False}

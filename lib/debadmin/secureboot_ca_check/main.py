@@ -18,7 +18,7 @@ from debadmin import cli
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import PROG, checks, efi, efivarfs, fix
+from debadmin.secureboot_ca_check import PROG, checks, dbx, efi, efivarfs, fix
 
 log = logging.getLogger("debadmin")
 
@@ -290,6 +290,27 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the NVRAM of every libvirt domain (virsh, else /etc/libvirt/qemu/*.xml)",
     )
+    # dbx: secureboot_ca_check.dbx (the boot path checked before any write).
+    parser.add_argument(
+        "--dbx",
+        action="store_true",
+        help="with --fix: append Microsoft's latest dbx update for this architecture instead "
+        "of the CA updates, after checking every EFI binary on the ESPs and the installed "
+        "shim and GRUB images against it",
+    )
+    parser.add_argument(
+        "--dbx-update",
+        metavar="FILE",
+        help="with --fix --dbx: this dbx update instead (a path under PostSignedObjects/, "
+        "e.g. Optional/DBX/DBXUpdate2024.bin)",
+    )
+    parser.add_argument(
+        "--esp",
+        metavar="DIR",
+        action="append",
+        help="with --fix --dbx: also check the EFI binaries under DIR (a copy of a dump's "
+        "ESP); repeatable",
+    )
     parser.set_defaults(func=dispatch)
     return parser
 
@@ -301,7 +322,9 @@ def dispatch(args: argparse.Namespace) -> int:
         return cmd_check(args)
     from debadmin.secureboot_ca_check import libvirt
 
-    if firmware:
+    if args.dbx:
+        command = dbx.cmd_fix_dbx
+    elif firmware:
         command = efivarfs.cmd_fix_firmware
     else:
         command = libvirt.cmd_libvirt if args.libvirt else fix.cmd_fix
@@ -333,6 +356,10 @@ def check_modes(args: argparse.Namespace) -> bool:
         )
     if (args.cert or args.dry_run or args.i_have_recovery_keys) and not args.fix:
         raise Error("--cert, --dry-run and --i-have-recovery-keys go with --fix")
+    if (args.dbx_update or args.esp) and not args.dbx:
+        raise Error("--dbx-update and --esp go with --fix --dbx")
+    if args.dbx and not args.fix:
+        raise Error("--dbx goes with --fix (the check always says whether dbx is behind)")
     return bool(args.fix) and check_fix_modes(args)
 
 

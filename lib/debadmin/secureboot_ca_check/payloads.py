@@ -61,7 +61,11 @@ SIGNED_DATA_OID = bytes.fromhex("06092a864886f70d010702")
 # The attribute word an append through efivarfs carries, and thus the one the firmware
 # puts in the signed data: NV|BS|RT|TIME_BASED_AUTHENTICATED_WRITE_ACCESS|APPEND_WRITE.
 APPEND_ATTRIBUTES = efi.ATTR_AUTHENTICATED_DB | efi.ATTR_APPEND  # 0x67
-VARIABLE_GUIDS = {"KEK": efi.GLOBAL_GUID, "db": efi.IMAGE_SECURITY_GUID}
+VARIABLE_GUIDS = {
+    "KEK": efi.GLOBAL_GUID,
+    "db": efi.IMAGE_SECURITY_GUID,
+    "dbx": efi.IMAGE_SECURITY_GUID,
+}
 MAX_PAYLOAD = 1 << 20
 PK_MISMATCH = (
     "its signer's certificate is not byte for byte PK's first entry (edk2 builds no chain "
