@@ -712,18 +712,22 @@ def shipped_certs(root: Path, directory: Optional[str] = None) -> Dict[str, Cert
     found: Dict[str, Cert] = {}
     for ca, rel in payloads.CERTIFICATE_FILES.items():
         path = base / rel
+        if not directory and not os.path.lexists(path):
+            continue  # not installed (another --root): the other sources may have it
         try:
             der = efi.read_bounded(path, MAX_CERT_FILE, "a certificate")
-        except Error:
-            if directory:
-                raise
-            continue
+        except Error as exc:
+            raise payloads.PayloadError(str(exc)) from None
+        if hashlib.sha256(der).hexdigest() != payloads.FINGERPRINTS[ca]:
+            # Never written (only what matches a known fingerprint is), and no verdict
+            # either: the shipped copy is damaged or replaced.
+            raise payloads.PayloadError(
+                f"{path}: not the certificate of {ca} (SHA-256 fingerprint differs): "
+                "damaged or replaced, not as Microsoft published it: nothing written"
+            )
         target = target_of(der)
-        if target is None or target[0] != ca:
-            if directory:
-                raise Error(f"{path}: not the certificate of {ca} (SHA-256 fingerprint differs)")
-            continue  # never written: only what matches a known fingerprint is
-        found[ca] = Cert(target, der, str(path))
+        if target is not None and target[0] == ca:
+            found[ca] = Cert(target, der, str(path))
     return found
 
 
