@@ -666,10 +666,51 @@ def unchanged(fd: int, path: Path, seen: os.stat_result) -> None:
         raise Error(f"{path} changed while --fix read it: nothing written, run it again")
 
 
-def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool) -> dict:
+DPKG_INFO = "var/lib/dpkg/info"
+
+
+def package_owner(path: Path, root: Path = Path("/")) -> Optional[str]:
+    """The package whose files list path (dpkg's database under root, the .list files
+    dpkg-query -S reads), by the name given and by its real path (usr-merge aliases);
+    None when no package owns it."""
+    names = set()
+    for candidate in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        try:
+            names.add("/" + candidate.relative_to(os.path.abspath(root)).as_posix())
+        except ValueError:  # not under root: its own name
+            names.add(str(candidate))
+    wanted = [b"\n" + os.fsencode(n) + b"\n" for n in names]
+    info = root / DPKG_INFO
+    try:
+        lists = sorted(n for n in os.listdir(info) if n.endswith(".list"))
+    except OSError:
+        return None
+    for name in lists:
+        try:
+            with open(info / name, "rb") as handle:
+                listed = b"\n" + handle.read() + b"\n"  # one search per name, in C
+        except OSError:
+            continue
+        if any(line in listed for line in wanted):
+            return name[: -len(".list")].split(":")[0]
+    return None
+
+
+def refuse_packaged(path: Path, root: Path) -> None:
+    owner = package_owner(path, root)
+    if owner:
+        raise Error(
+            f"{path}: belongs to the package {owner} (dpkg would restore it, and every VM "
+            f"created from it later would get the change): copy it (cp {path} VM_VARS.fd) "
+            "and fix the copy; nothing written"
+        )
+
+
+def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path = Path("/")) -> dict:
     """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result.
 
     The lock taken before the file is read is held until the new file is in place."""
+    refuse_packaged(path, root)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -780,12 +821,14 @@ def still_needed(result: dict) -> bool:
 def cmd_fix(args) -> int:
     """--varstore FILE... --fix: every file checked first, then each written."""
     root = Path(args.root or "/")
-    certs = available_certs(args.cert or [], root, args.payloads)
     paths = [Path(p) for p in args.varstore]
+    for path in paths:  # before anything else: the answer is to copy it
+        refuse_packaged(path, root)
+    certs = available_certs(args.cert or [], root, args.payloads)
     # All files planned before the first is written: a refusal leaves every file as it was.
-    results = [fix_file(path, certs, dry_run=True) for path in paths]
+    results = [fix_file(path, certs, dry_run=True, root=root) for path in paths]
     if not args.dry_run:
-        results = [fix_file(path, certs, dry_run=False) for path in paths]
+        results = [fix_file(path, certs, dry_run=False, root=root) for path in paths]
     status = 1 if any(still_needed(r) for r in results) else 0
     if args.json:
         emit_json({"fixes": results, "dry_run": bool(args.dry_run), "exit_status": status})

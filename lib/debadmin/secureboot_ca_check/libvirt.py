@@ -861,7 +861,9 @@ def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
                 nvram_path(domain, root), template, certs, dry_run, root
             )
         else:
-            entry["fix"] = fix.fix_file(nvram_path(domain, root), certs, dry_run=dry_run)
+            entry["fix"] = fix.fix_file(
+                nvram_path(domain, root), certs, dry_run=dry_run, root=root
+            )
         entry["dry_run"] = dry_run
         if entry["fix"]["written"]:
             now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
