@@ -85,3 +85,75 @@ def test_the_installed_ovmf_template_is_refused(tmp_path, capsys):
     rc, out, err = run(capsys, "--varstore", str(OVMF_MS), "--fix", "--dry-run")
     assert rc == 2 and "belongs to the package ovmf" in err
     assert OVMF_MS.read_bytes() == before
+
+
+# --- a store at the start of a larger volume ----------------------------------------------------
+
+VOLUME = 4 << 20  # a Proxmox VE efidisk on LVM-thin: the 528 KiB store, zeros to 4 MiB
+
+
+def padded(tmp_path: Path) -> Path:
+    path = tmp_path / "efidisk.raw"
+    path.write_bytes(make_store(ms_variables()).ljust(VOLUME, b"\0"))
+    return path
+
+
+def test_a_padded_store_is_found_and_the_padding_kept(tmp_path, capsys, fakes):
+    path = padded(tmp_path)
+    store_size = len(make_store(ms_variables()))
+    rc, out, err = run(capsys, "--root", str(tmp_path), "--varstore", str(path), "--json")
+    assert rc == 1, err
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    new = path.read_bytes()
+    assert len(new) == VOLUME and new[store_size:] == bytes(VOLUME - store_size)
+    assert new[:store_size] != make_store(ms_variables())
+    (backup,) = backups(path)
+    assert backup.read_bytes() == make_store(ms_variables()).ljust(VOLUME, b"\0")
+    # A second run changes nothing.
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0 and "nothing to change" in out and path.read_bytes() == new
+
+
+def test_what_follows_the_volume_is_not_a_store(tmp_path, capsys, fakes):
+    """Padding that is not erased or zero (another volume's data after the store) is
+    copied as it is, never read as variables."""
+    path = tmp_path / "efidisk.raw"
+    store = make_store(ms_variables())
+    path.write_bytes(store + b"\x5a" * 4096)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(path), "--fix", *cert_args(fakes)
+    )
+    assert rc == 0, err
+    assert path.read_bytes()[len(store) :] == b"\x5a" * 4096
+
+
+def test_a_link_to_a_regular_file_is_still_refused(tmp_path, capsys, fakes):
+    """Only a block device is reached through a link (/dev/pve/vm-100-disk-1)."""
+    path = padded(tmp_path)
+    link = tmp_path / "link.fd"
+    link.symlink_to(path.name)
+    rc, out, err = run(
+        capsys, "--root", str(tmp_path), "--varstore", str(link), "--fix", *cert_args(fakes)
+    )
+    assert rc == 2 and "symbolic link" in err
+
+
+def test_device_helpers(tmp_path):
+    from debadmin.secureboot_ca_check import blockdev
+
+    assert not blockdev.is_block_device(padded(tmp_path))
+    assert blockdev.volume_length(make_store(ms_variables())) == len(make_store(ms_variables()))
+    assert blockdev.volume_length(b"short") is None
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    words = [b"qemu-system-x86_64", b"-id", b"100", b"-name", b"vm", b"-m", b"512"]
+    (proc / "42/cmdline").write_bytes(b"\0".join(words) + b"\0")
+    assert blockdev.command(proc, 42) == "qemu-system-x86_64 -id 100 -name ..."
+    (proc / "43").mkdir()
+    (proc / "43/comm").write_text("kvm\n")
+    assert blockdev.command(proc, 43) == "kvm"

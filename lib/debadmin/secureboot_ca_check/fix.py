@@ -23,7 +23,7 @@ from cryptography import x509
 from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import blockdev, efi
 from debadmin.secureboot_ca_check import payloads
 
 # What --fix adds: (id, subject CN, variable, SHA-256 fingerprint), as in
@@ -599,7 +599,10 @@ def read_store_file(handle, path: Path) -> Tuple[bytes, Optional[bytes]]:
 
 
 def read_nvram(path: Path) -> bytes:
-    """The raw store of an NVRAM file, raw or qcow2 (for the report)."""
+    """The raw store of an NVRAM file, raw or qcow2, or of a block device (for the
+    report)."""
+    if blockdev.is_block_device(path):
+        return blockdev.read_device(blockdev.device_name(path))
     with efi.open_regular(path) as handle:
         return read_store_file(handle, path)[0]
 
@@ -711,6 +714,8 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path = Pat
 
     The lock taken before the file is read is held until the new file is in place."""
     refuse_packaged(path, root)
+    if blockdev.is_block_device(path):
+        return fix_device(path, certs, dry_run, root)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -744,6 +749,65 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path = Pat
         write_store(path, plan.new_bytes, image, info)
         result.update({"backup": str(backup), "written": True})
         return result
+
+
+DEVICE_BACKUPS = "var/lib/secureboot-ca-check"
+
+
+def fix_device(path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path) -> dict:
+    """fix_file() for a block device (an efidisk): the store at its start, the rest of
+    the volume left as it is.  Refused while any other process holds the device open;
+    written in place (a device cannot be renamed over): the volume's bytes first saved
+    to a backup file (fsynced), then the store's new bytes, fsynced, read back."""
+    device = blockdev.device_name(path)
+    blockdev.refuse_held(device)
+    fd = blockdev.open_device(device, write=not dry_run)
+    try:
+        data = blockdev.read_head(fd, device)
+        plan = plan_fix(data, str(path), certs)
+        result = plan.as_json()
+        result.update(
+            {"format": "block device", "device": str(device), "backup": None, "written": False}
+        )
+        if plan.new_bytes is None or dry_run:
+            return result
+        new = plan.new_bytes[0]  # up to the end of the store; the rest stays on the device
+        blockdev.refuse_held(device)
+        if blockdev.read_head(fd, device) != data:
+            raise Error(f"{path} changed while --fix read it: nothing written, run it again")
+        backup = device_backup(root, path, data)
+        written = 0
+        while written < len(new):
+            written += os.pwrite(fd, new[written:], written)
+        os.fsync(fd)
+        if os.pread(fd, len(new), 0) != new:
+            raise Error(
+                f"{path}: the store does not read back as written: restore it with "
+                f"dd if={backup} of={device} conv=fsync"
+            )
+        result.update({"backup": str(backup), "written": True})
+        return result
+    finally:
+        os.close(fd)
+
+
+def device_backup(root: Path, path: Path, data: bytes) -> Path:
+    """The firmware volume at the start of the device (all of what was read when its
+    header gives no sensible length), in a new file under ROOT/var/lib/secureboot-ca-check,
+    fsynced before anything is written to the device."""
+    length = blockdev.volume_length(data)
+    volume = data[:length] if length and length <= len(data) else data
+    base = root / DEVICE_BACKUPS
+    try:
+        os.makedirs(base, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise Error(f"cannot create {base}: {exc.strerror}: nothing written") from None
+    backup = backup_path(base / path.name, datetime.datetime.now(datetime.timezone.utc))
+    try:
+        fsutil.atomic_write(backup, volume, mode=0o600)
+    except OSError as exc:
+        raise Error(f"cannot write the backup {backup}: {exc.strerror}: nothing written") from None
+    return backup
 
 
 def shipped_certs(root: Path, directory: Optional[str] = None) -> Dict[str, Cert]:
