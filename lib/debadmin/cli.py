@@ -127,11 +127,7 @@ def run(
     tool printed none (an error, a usage error, a refusal), {"error": MESSAGE,
     "exit_status": CODE} (not applicable: {"applicable": false, "reason": ...}).
     """
-    output = sys.modules.get("debadmin.output")
-    if output is not None:
-        output.emitted = False  # a new run (tests call main() again in one process)
-    words = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in words[: words.index("--")] if "--" in words else "--json" in words
+    as_json = _json_asked(argv)
     try:
         try:
             args = _parse(parser, argv, as_json)
@@ -174,6 +170,16 @@ def run(
         return 130
     except BrokenPipeError:
         return _stdout_gone()
+
+
+def _json_asked(argv) -> bool:
+    """Whether the command line asks for --json (before an argument parser has read it:
+    its own usage errors then go into the JSON object too); a new run's output state."""
+    output = sys.modules.get("debadmin.output")
+    if output is not None:
+        output.emitted = False  # a new run (tests call main() again in one process)
+    words = list(sys.argv[1:] if argv is None else argv)
+    return "--json" in (words[: words.index("--")] if "--" in words else words)
 
 
 def _parse(parser: argparse.ArgumentParser, argv, as_json: bool) -> argparse.Namespace:
