@@ -76,8 +76,9 @@ def read_device(path: Path) -> bytes:
 
 def holders(device: Path, proc: Path = PROC) -> List[Tuple[int, str]]:
     """(pid, command) of every other process with the device open (a running VM's qemu),
-    by its descriptors under /proc (the device number, whatever name it was opened by);
-    processes whose descriptors cannot be read are skipped."""
+    by its descriptors under /proc that lead to a device node (compared by device
+    number, whatever name it was opened by); processes whose descriptors cannot be read
+    are skipped."""
     rdev = os.stat(device).st_rdev
     found = []
     me = os.getpid()
@@ -95,6 +96,10 @@ def holders(device: Path, proc: Path = PROC) -> List[Tuple[int, str]]:
             continue
         for name in names:
             try:
+                # Device nodes only: a stat through the link of every descriptor would
+                # wait on each slow or hung file system a process has a file open on.
+                if not os.readlink(fds / name).startswith("/dev/"):
+                    continue
                 info = os.stat(fds / name)
             except OSError:
                 continue
