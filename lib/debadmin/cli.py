@@ -123,16 +123,23 @@ def run(
 
     Errors print one line, 'PROG: error: MESSAGE', on stderr.  argparse's own usage
     errors exit 2 as well.  Not applicable (exit 3) is a verdict, not an error: its line
-    is 'PROG: MESSAGE'.
+    is 'PROG: MESSAGE'.  With --json every run prints one JSON object on stdout: when the
+    tool printed none (an error, a usage error, a refusal), {"error": MESSAGE,
+    "exit_status": CODE} (not applicable: {"applicable": false, "reason": ...}).
     """
+    as_json = _json_asked(argv)
     try:
         try:
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv, as_json)
         except SystemExit as exc:  # --help, --version, usage errors
+            code = int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+            if as_json and code:
+                _emit_error(_usage_message(exc), code)
             _flush_stdout()
-            return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+            return code
     except BrokenPipeError:
         return _stdout_gone()
+    as_json = bool(getattr(args, "json", False))
     global _pending
     _pending = (prog, LEVELS[getattr(args, "verbosity", 0)])
     if "logging" in sys.modules or _pending[1] < LEVELS[0]:  # the tool logs, or -v
@@ -140,21 +147,81 @@ def run(
     target = func or args.func
     try:
         code = int(target(args))
+        if as_json:  # a tool that returned without its document (a refusal it printed)
+            _emit_error("failed: see the message on stderr" if code else None, code)
         # Flush here, not at interpreter exit, where a closed pipe (| head) would end in
         # "Exception ignored ... BrokenPipeError" on stderr and exit 120.
         _flush_stdout()
         return code
     except NotApplicable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        if as_json:
+            _emit_error(str(exc), exc.code, applicable=False)
         return exc.code
     except Error as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        if as_json:
+            _emit_error(str(exc), exc.code)
         return exc.code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
+        if as_json:
+            _emit_error("interrupted", 130)
         return 130
     except BrokenPipeError:
         return _stdout_gone()
+
+
+def _json_asked(argv) -> bool:
+    """Whether the command line asks for --json (before an argument parser has read it:
+    its own usage errors then go into the JSON object too); a new run's output state."""
+    output = sys.modules.get("debadmin.output")
+    if output is not None:
+        output.emitted = False  # a new run (tests call main() again in one process)
+    words = list(sys.argv[1:] if argv is None else argv)
+    return "--json" in (words[: words.index("--")] if "--" in words else words)
+
+
+def _parse(parser: argparse.ArgumentParser, argv, as_json: bool) -> argparse.Namespace:
+    """parser.parse_args(argv); with --json, argparse's usage error is kept (SystemExit's
+    __context__ is not enough: argparse prints it itself) to go into the JSON object."""
+    if not as_json:
+        return parser.parse_args(argv)
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        exc.usage_text = captured.getvalue()
+        raise
+    finally:
+        sys.stderr.write(captured.getvalue())
+
+
+def _usage_message(exc: SystemExit) -> str:
+    """argparse's 'PROG: error: MESSAGE' line, without 'PROG: error: '."""
+    lines = getattr(exc, "usage_text", "").strip().splitlines()
+    last = lines[-1] if lines else "usage error"
+    return last.split(": error: ", 1)[-1]
+
+
+def _emit_error(message: Optional[str], code: int, applicable: bool = True) -> None:
+    """The run's JSON object, when the tool printed none: the error (or, for not
+    applicable, the reason) and the exit status."""
+    output = sys.modules.get("debadmin.output")
+    if output is not None and getattr(output, "emitted", False):
+        return
+    from debadmin.output import emit_json
+
+    if not applicable:
+        emit_json({"applicable": False, "reason": message, "exit_status": code})
+    elif message is None:
+        emit_json({"exit_status": code})
+    else:
+        emit_json({"error": message, "exit_status": code})
 
 
 def _flush_stdout() -> None:

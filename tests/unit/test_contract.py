@@ -1,6 +1,7 @@
 """The command-line contract for every tool: --help, --version, man page, version."""
 
 import argparse
+import json
 import importlib
 import os
 import re
@@ -119,3 +120,87 @@ def test_versions_agree():
     version = re.match(r"debadmin \(([^)~]+)(~deb\d+u\d+)?\)", changelog).group(1)
     pyproject = re.search(r'^version = "([^"]+)"', (SRC / "pyproject.toml").read_text(), re.M)
     assert version == debadmin.__version__ == pyproject.group(1)
+
+
+def json_commands(parser, path=()):
+    """The command paths (subcommand names) whose parser takes --json."""
+    found = []
+    if any("--json" in action.option_strings for action in parser._actions):
+        found.append(list(path))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                found += json_commands(subparser, (*path, name))
+    return found
+
+
+JSON_COMMANDS = [
+    (tool, command) for tool in TOOLS for command in json_commands(module_of(tool).build_parser())
+]
+
+
+def test_every_tool_has_a_json_command():
+    assert {tool for tool, _command in JSON_COMMANDS} == set(TOOLS)
+
+
+def one_json_object(text: str) -> dict:
+    document = json.loads(text)  # exactly one document: trailing data is an error
+    assert isinstance(document, dict)
+    return document
+
+
+@pytest.mark.parametrize(
+    "tool,command", JSON_COMMANDS, ids=[" ".join([t, *c]) for t, c in JSON_COMMANDS]
+)
+def test_a_usage_error_with_json_prints_one_object(tool, command):
+    """A fleet's parser always gets an object: argparse's error too, with its message
+    (which stderr still shows, with the usage)."""
+    result = run_tool(tool, *command, "--json", "--no-such-option")
+    assert result.returncode == 2
+    document = one_json_object(result.stdout)
+    assert set(document) == {"error", "exit_status"} and document["exit_status"] == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"{tool}: error: {document['error']}"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["journal-acl-setup", "check", "--root", "/nonexistent"], "/nonexistent/etc/group"),
+        (["netboot-serialize", "/nonexistent"], "/nonexistent does not exist"),
+        (["secureboot-ca-check", "--efivars", "/nonexistent"], "/nonexistent: no such directory"),
+    ],
+)
+def test_an_error_with_json_prints_one_object(argv, message):
+    """An Error the command raised: the same message in the object and on stderr."""
+    result = run_tool(*argv, "--json")
+    assert result.returncode == 2
+    document = one_json_object(result.stdout)
+    assert set(document) == {"error", "exit_status"} and document["exit_status"] == 2
+    assert message in document["error"]
+    assert result.stderr == f"{argv[0]}: error: {document['error']}\n"
+
+
+def test_without_json_errors_print_nothing_on_stdout():
+    result = run_tool("secureboot-ca-check", "--efivars", "/nonexistent")
+    assert result.returncode == 2 and result.stdout == ""
+
+
+def test_a_tool_that_printed_its_document_gets_no_second_one(tmp_path, capsys):
+    """A run that ends in Error after its own document: still one object."""
+    from debadmin import cli, output
+    from debadmin.errors import Error
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+
+    def command(args):
+        output.emit_json({"report": 1})
+        raise Error("late")
+
+    assert cli.run("t", parser, ["--json"], command) == 2
+    out, err = capsys.readouterr()
+    assert one_json_object(out) == {"report": 1} and err == "t: error: late\n"
+    # And a run that returns a code without printing one gets an object too.
+    assert cli.run("t", parser, ["--json"], lambda args: 2) == 2
+    assert one_json_object(capsys.readouterr().out)["exit_status"] == 2

@@ -342,7 +342,8 @@ def test_a_damaged_update_is_refused(tmp_path, capsys):
         "--dbx-update",
         "Optional/DBX/Damaged.bin",
     )
-    assert rc == 2 and doc is None
+    # With --json a refusal is still one object on stdout, the stderr line beside it.
+    assert rc == 2 and doc == {"error": err.strip().split(": ", 2)[2], "exit_status": 2}
     assert "Optional/DBX/Damaged.bin: does not verify" in err and "nothing written" in err
 
 
@@ -415,7 +416,7 @@ def test_no_mounted_esp_refuses(tmp_path, capsys):
     (root / "proc/self").mkdir(parents=True)
     (root / "proc/self/mountinfo").write_text("22 1 259:2 / / rw - ext4 /dev/sda2 rw\n")
     rc, doc, err = dbx_json(capsys, "--root", str(root), "--dry-run")
-    assert rc == 2 and doc is None
+    assert rc == 2 and doc == {"error": err.strip().split(": ", 2)[2], "exit_status": 2}
     assert "no EFI system partition is mounted" in err and "--esp" in err
 
 

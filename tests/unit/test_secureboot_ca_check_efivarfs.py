@@ -150,7 +150,7 @@ def test_nothing_to_do_when_all_four_are_present(tmp_path, capsys):
 def test_setup_mode_is_refused(tmp_path, capsys):
     efivars = write_efivars(tmp_path / "setup", ovmf_variables(SetupMode=b"\x01"))
     rc, doc, err = plan_json(capsys, efivars)
-    assert rc == 2 and doc is None and "Setup Mode" in err
+    assert rc == 2 and "Setup Mode" in doc["error"] and "Setup Mode" in err
 
 
 def test_a_pk_that_is_no_certificate_leaves_the_kek(tmp_path, capsys):
@@ -180,6 +180,36 @@ def test_a_kek_without_the_2011_ca_gets_no_db_update(tmp_path, capsys):
         "windows_uefi_ca_2023",
         "kek_2k_ca_2023",
     }
+    # What can be done, for db as for the KEK (issue 34 item 2).
+    options = doc["fix"]["options"]
+    assert any("firmware" in o and "Microsoft UEFI CA 2023" in o for o in options)
+    assert any("sign-efi-sig-list" in o for o in options)
+    assert not any("planned here first" in o for o in options)
+    rc, out, err = run(capsys, "--efivars", str(efivars), "--payloads", str(OBJECTS))
+    assert rc == 1 and "db-update-unsignable" not in out
+    assert "KEK lacks Microsoft Corporation KEK CA 2011" in out
+    assert "which this KEK lacks" in out and "sign-efi-sig-list" in out
+
+
+def test_a_kek_without_the_2011_ca_is_sent_to_its_kek_update_first(tmp_path, capsys):
+    """The PK has a published KEK update: it is planned, and the options say to apply it
+    first; the maker's firmware and factory defaults holding db's 2023 CA too."""
+    objects = payloads.load_objects(str(OBJECTS))
+    db_default = fix.signature_list(objects.certificate("uefi_ca_2023"))
+    GUIDS.setdefault("dbDefault", efi.GLOBAL_GUID)
+    variables = ami_variables(KEK=fix.signature_list(ami_test_pk()), dbDefault=db_default)
+    efivars = write_efivars(tmp_path / "ami", variables)
+    rc, doc, err = plan_json(capsys, efivars)
+    assert rc == 1, err
+    fixing = doc["fix"]
+    assert [s["variable"] for s in fixing["steps"]] == ["KEK"]
+    assert {r["variable"] for r in fixing["remaining"]} == {"db"}
+    assert any("planned here first" in o for o in fixing["options"])
+    assert any("dbDefault" in o for o in fixing["options"])
+    rc, out, err = run(
+        capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(OBJECTS)
+    )
+    assert rc == 1 and "options for the KEK" not in out and "options:" in out
 
 
 @pytest.fixture
@@ -919,9 +949,8 @@ def test_a_later_write_that_undoes_an_earlier_one_is_damage(
     "rel", ["KEK/ECS/KEKUpdate_ECS_PK1.bin", "KEK/XiaoMi/KEKUpdate_XiaoMi_PK1.bin"]
 )
 def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
-    """A published KEK update that does not verify against the PK it is mapped to is a
-    remaining item with its reason (never written); the db updates are still planned;
-    exit 1."""
+    """A KEK update Microsoft published broken (on known-broken.json) is a remaining
+    item with its reason (never written); the db updates are still planned; exit 1."""
     objects = payloads.load_objects(str(OBJECTS))
     sha1 = next(s for s, e in objects.kek_map.items() if f"KEK/{e['KEKUpdate']}" == rel)
     payload = objects.read(rel, "KEK")
@@ -933,7 +962,7 @@ def test_a_kek_update_that_does_not_verify_remains(tmp_path, capsys, rel):
     assert [s["variable"] for s in doc["steps"]] == ["db", "db", "db"]
     assert [r["variable"] for r in doc["remaining"]] == ["KEK"]
     assert rel in doc["remaining"][0]["reason"]
-    assert "does not verify against this machine's PK" in doc["remaining"][0]["reason"]
+    assert "published by Microsoft as it is, but not usable" in doc["remaining"][0]["reason"]
     assert doc["kek_update"]["published"] and doc["options"]
     rc, out, err = run(
         capsys, "--efivars", str(efivars), "--fix", "--dry-run", "--payloads", str(OBJECTS)

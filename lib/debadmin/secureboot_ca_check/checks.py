@@ -520,6 +520,7 @@ def offline_fix(
     variables: Dict[str, efi.Variable],
     root: Path,
     payloads_dir: Optional[str],
+    arch_option: Optional[str] = None,
 ) -> dict:
     """Whether --fix can add what is missing without the network, from Microsoft's objects
     as this package ships them (or --payloads DIR): for firmware, the verified plan (the
@@ -531,6 +532,8 @@ def offline_fix(
         "kek_update_published": None,
         "kek_update": None,
         "error": None,
+        "arch": None,
+        "arch_from": None,
     }
     try:
         if kind == "varstore":
@@ -555,7 +558,11 @@ def offline_fix(
             result["available"] = bool(result["steps"]) and len(held) == 2
             return result
         objects = payloads.load_objects(payloads_dir, root)
-        plan = efivarfs.plan(variables, objects, "amd64", path)
+        arch, result["arch_from"] = efivarfs.choose_arch(Path(path), arch_option, True)
+        result["arch"] = arch
+        plan = efivarfs.plan(variables, objects, arch, path)
+    except payloads.PayloadError:
+        raise  # a damaged payload is no verdict on the machine: exit 2
     except Error as exc:
         result["error"] = str(exc)
         return result
@@ -603,6 +610,7 @@ def build_report(
     known: Dict[str, Tuple[str, str, str]] = KNOWN_CAS,
     host: bool = True,
     payloads_dir: Optional[str] = None,
+    arch: Optional[str] = None,
 ) -> dict:
     """The report for one set of firmware variables (efivarfs or a varstore).
 
@@ -616,7 +624,7 @@ def build_report(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = gather(kind, path, variables, shims, root, now, known, host)
-        report["offline_fix"] = offline_fix(kind, path, variables, root, payloads_dir)
+        report["offline_fix"] = offline_fix(kind, path, variables, root, payloads_dir, arch)
         rules.assess(report, known)
         dbx_finding(report, variables, root, payloads_dir)
     for message in dict.fromkeys(str(w.message) for w in caught):
@@ -897,6 +905,12 @@ def offline_lines(report: dict) -> List[str]:
     if offline["available"]:
         adds = ", ".join(ca for step in offline["steps"] for ca in step["adds"])
         lines.append(f"Offline fix (--fix, no network): available, adds {adds}")
+        if offline.get("arch"):
+            lines.append(
+                f"  with the {offline['arch']} updates "
+                f"(Optional/DB/{payloads.ARCHES[offline['arch']]}/; "
+                f"architecture: {offline['arch_from']})"
+            )
     elif offline["error"]:
         lines.append(f"Offline fix: not planned ({offline['error']})")
     return lines

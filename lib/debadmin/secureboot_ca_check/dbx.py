@@ -634,9 +634,9 @@ def fix_varstore(args) -> int:
 
     path = Path(args.varstore[0])
     try:
-        result = fix.fix_file(path, {}, dry_run=True, planner=planner)
+        result = fix.fix_file(path, {}, dry_run=True, root=root, planner=planner)
         if not args.dry_run and result["status"] == "planned":
-            result = fix.fix_file(path, {}, dry_run=False, planner=planner)
+            result = fix.fix_file(path, {}, dry_run=False, root=root, planner=planner)
             result["status"] = "applied" if result["written"] else result["status"]
     except Error:
         if "refused" in seen:

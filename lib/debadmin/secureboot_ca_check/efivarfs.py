@@ -101,6 +101,78 @@ def machine_arch() -> str:
     return payloads.MACHINE_ARCH.get(os.uname().machine, "amd64")
 
 
+# The UEFI loader names that say the architecture (shimx64.efi, grubaa64.efi,
+# BOOTX64.EFI, fbia32.efi, mmx64.efi), as Debian architectures.
+LOADER_ARCH = re.compile(r"(?:shim|grub|boot|fb|mm)(x64|aa64|ia32|arm)\.efi", re.I)
+LOADER_SUFFIXES = {"x64": "amd64", "aa64": "arm64", "ia32": "i386", "arm": "armhf"}
+BOOT_ENTRY = re.compile(r"Boot([0-9A-F]{4})-" + efi.GLOBAL_GUID)
+MAX_BOOT_ENTRY = 1 << 16
+
+
+def boot_arch(data: bytes) -> Optional[Tuple[str, str]]:
+    """(Debian architecture, loader path) from an EFI_LOAD_OPTION's file path nodes
+    (media device path, file path: UCS-2), or None when none names its architecture."""
+    if len(data) < 6:
+        return None
+    length = struct.unpack_from("<H", data, 4)[0]
+    at = 6
+    while at + 1 < len(data) and data[at : at + 2] != b"\0\0":  # the description
+        at += 2
+    at += 2
+    end = min(at + length, len(data))
+    while at + 4 <= end:
+        kind, subtype, size = struct.unpack_from("<BBH", data, at)
+        if size < 4:
+            return None
+        if kind == 4 and subtype == 4:
+            path = data[at + 4 : at + size].decode("utf-16-le", "replace").rstrip("\0")
+            match = LOADER_ARCH.search(path.rsplit("\\", 1)[-1])
+            if match and path.lower().endswith(".efi"):
+                return LOADER_SUFFIXES[match.group(1).lower()], path
+        at += size
+    return None
+
+
+def firmware_arch(directory: Path) -> Optional[Tuple[str, str]]:
+    """(Debian architecture, where it was read) from the Boot#### entries of an efivarfs
+    directory or dump: BootCurrent's first, then BootOrder's, then the others; None when
+    none names a loader whose name says it."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if BOOT_ENTRY.fullmatch(n))
+    except OSError:
+        return None
+
+    def read(name: str) -> bytes:
+        try:
+            with efi.open_regular(directory / name) as handle:
+                return handle.read(MAX_BOOT_ENTRY)[4:]
+        except (OSError, Error):
+            return b""
+
+    order = [read(f"BootCurrent-{efi.GLOBAL_GUID}")[:2]]
+    raw = read(f"BootOrder-{efi.GLOBAL_GUID}")
+    order += [raw[i : i + 2] for i in range(0, len(raw) - 1, 2)]
+    numbers = [f"{struct.unpack('<H', o)[0]:04X}" for o in order if len(o) == 2]
+    wanted = [f"Boot{n}-{efi.GLOBAL_GUID}" for n in dict.fromkeys(numbers)]
+    for name in [n for n in wanted if n in names] + [n for n in names if n not in wanted]:
+        found = boot_arch(read(name))
+        if found:
+            return found[0], f"{name.split('-')[0]}: {found[1]}"
+    return None
+
+
+def choose_arch(directory: Path, option: Optional[str], dump: bool) -> Tuple[str, str]:
+    """(architecture, why): --arch, else what the Boot#### entries say, else (this
+    machine's firmware, or a dump that does not say) the host's."""
+    if option:
+        return option, "--arch"
+    found = firmware_arch(directory)
+    if found:
+        return found[0], f"the loader of {found[1]}"
+    host = machine_arch()
+    return host, ("the host's (no Boot#### entry names it)" if dump else "the host's")
+
+
 def plan(
     variables: Dict[str, efi.Variable], objects: payloads.Objects, arch: str, source: str
 ) -> dict:
@@ -145,15 +217,28 @@ def plan(
             continue
         payload = objects.db_update(arch, name)
         check_adds(payload, ca)
-        step = db_step(payload, ca, kek_certs, pk_entry)
-        if step is None:
+        broken = payloads.check_published(objects, payload)
+        step = None if broken else db_step(payload, ca, kek_certs, pk_entry)
+        if broken:
+            result["remaining"].append(remaining(ca, "db", not_usable(payload, broken)))
+        elif step is None:
             result["remaining"].append(
                 remaining(ca, "db", "no certificate of this KEK (or PK) signed its update")
             )
         else:
             result["steps"].append(step)
     kek_step(result, variables, objects, held["KEK"], pk_certs, pk_entry)
+    if result["remaining"]:
+        result["options"] = options(variables, result)
     return result
+
+
+def not_usable(payload: payloads.Payload, entry: dict) -> str:
+    """Why a file on the known-broken list is never written."""
+    return (
+        f"{payload.path}: published by Microsoft as it is, but not usable ({entry['reason']}): "
+        "not written"
+    )
 
 
 def kek_step(result, variables, objects, held, pk_certs, pk_entry) -> None:
@@ -172,26 +257,31 @@ def kek_step(result, variables, objects, held, pk_certs, pk_entry) -> None:
     verdict = None
     if payload is not None:
         check_adds(payload, target)
-        verdict = payloads.verify_pk_signed(payload, pk_entry)
-        if verdict.reason == payloads.PK_MISMATCH:
+        # A damaged or replaced file stops everything (PayloadError); one Microsoft
+        # published broken (ECS's PK1, Xiaomi's PK1-PK5) is never written, and the db
+        # updates, which do not depend on it, go ahead.
+        broken = payloads.check_published(objects, payload)
+        verdict = (
+            payloads.Verdict(False) if broken else payloads.verify_pk_signed(payload, pk_entry)
+        )
+        if broken:
+            kek["reason"] = not_usable(payload, broken)
+        elif verdict.reason == payloads.PK_MISMATCH:
             kek["reason"] = f"{payload.path}: {verdict.reason}"
         elif not verdict.ok:
-            # Published but unusable (ECS's PK1, Xiaomi's PK1-PK5): never written; the
-            # db updates, which do not depend on it, go ahead.
             kek["reason"] = (
                 f"{payload.path}: does not verify against this machine's PK "
                 f"({verdict.reason}): not written"
             )
     if verdict is None or not verdict.ok:
         result["remaining"].append(remaining(target, "KEK", kek["reason"]))
-        result["options"] = options(variables)
         return
     result["steps"].append(step_json(payload, target, verdict, pk_certs[0]))
 
 
 def check_adds(payload: payloads.Payload, ca: str) -> None:
     if payloads.FINGERPRINTS[ca] not in payload.adds:
-        raise Error(f"{payload.path}: does not hold {NAMES[ca]}: nothing written")
+        raise payloads.PayloadError(f"{payload.path}: does not hold {NAMES[ca]}: nothing written")
 
 
 def remaining(ca: str, variable: str, reason: str) -> dict:
@@ -240,7 +330,9 @@ def db_step(
         if efi.fingerprint(trusted) in carried or verdict.reason.startswith(payloads.MALFORMED):
             failures.append(f"{efi.short_name(trusted)}: {verdict.reason}")
     if failures:
-        raise Error(f"{payload.path}: does not verify ({'; '.join(failures)}): nothing written")
+        raise payloads.PayloadError(
+            f"{payload.path}: does not verify ({'; '.join(failures)}): nothing written"
+        )
     return None
 
 
@@ -275,25 +367,70 @@ def lookup_kek_update(
     return found, payload
 
 
-def options(variables: Dict[str, efi.Variable]) -> List[str]:
-    text = [
-        "a firmware (BIOS/UEFI) update from the machine's maker that adds the Microsoft "
-        "Corporation KEK 2K CA 2023 (or a KEK update the maker has Microsoft publish)",
-    ]
-    defaults = fingerprints(variables.get("KEKDefault"))
-    if payloads.FINGERPRINTS[payloads.KEK_TARGET] in defaults:
-        db_defaults = fingerprints(variables.get("dbDefault"))
-        has_db = payloads.FINGERPRINTS["uefi_ca_2023"] in db_defaults
+def options(variables: Dict[str, efi.Variable], result: dict) -> List[str]:
+    """What can bring what the plan leaves: for the KEK, and for db where this KEK holds
+    no certificate that signs Microsoft's db updates (the KEK CA 2011)."""
+    left = {r["variable"] for r in result["remaining"]}
+    text = []
+    kek_2023 = payloads.FINGERPRINTS[payloads.KEK_TARGET]
+    if "db" in left and payloads.KEK_CA_2011 not in fingerprints(variables.get("KEK")):
+        if any(s["variable"] == "KEK" for s in result["steps"]):
+            text.append(
+                "the KEK update planned here first: Microsoft signs its later db updates with "
+                "the KEK 2K CA 2023 it adds (fwupd's 'UEFI Signature Database' device applies "
+                "them); the db updates published now are signed with the Microsoft Corporation "
+                "KEK CA 2011, which this KEK lacks"
+            )
+        elif kek_2023 in fingerprints(variables.get("KEK")):
+            text.append(
+                "db updates signed with the KEK 2K CA 2023 this KEK holds, once Microsoft "
+                "publishes them (fwupd's 'UEFI Signature Database' device); the ones "
+                "published now are signed with the KEK CA 2011, which this KEK lacks"
+            )
+    wanted = " and ".join(
+        name
+        for name, var in (("the KEK 2K CA 2023", "KEK"), ("the Microsoft UEFI CA 2023", "db"))
+        if var in left
+    )
+    text.append(
+        f"a firmware (BIOS/UEFI) update from the machine's maker that adds {wanted}"
+        + (" (or a KEK update the maker has Microsoft publish)" if "KEK" in left else "")
+    )
+    text += default_options(variables, left)
+    if "KEK" in left:
         text.append(
+            "Microsoft's documented platform-key replacement: a new PK from the maker, signed "
+            "by the current one, whose owner signs a KEK update"
+        )
+    if "db" in left:
+        text.append(
+            "keys of your own: with the private key of a certificate in this KEK, sign a db "
+            "append of Microsoft's certificates (shipped in "
+            f"{payloads.DEFAULT_DIR}/PreSignedObjects/DB/Certificates) with efitools "
+            "(cert-to-efi-sig-list, sign-efi-sig-list -a) and write it with efi-updatevar -a"
+        )
+    return text
+
+
+def default_options(variables: Dict[str, efi.Variable], left: set) -> List[str]:
+    """Restoring the factory keys, where the defaults hold what is missing."""
+    kek_defaults = fingerprints(variables.get("KEKDefault"))
+    db_defaults = fingerprints(variables.get("dbDefault"))
+    has_kek = payloads.FINGERPRINTS[payloads.KEK_TARGET] in kek_defaults
+    has_db = payloads.FINGERPRINTS["uefi_ca_2023"] in db_defaults
+    if "KEK" in left and has_kek:
+        return [
             "this firmware's factory-default keys (KEKDefault) already hold the KEK 2K CA "
             "2023: restoring the factory keys in the firmware setup loads it"
             + ("" if has_db else " (dbDefault lacks the UEFI CA 2023: run --fix again after)")
-        )
-    text.append(
-        "Microsoft's documented platform-key replacement: a new PK from the maker, signed "
-        "by the current one, whose owner signs a KEK update"
-    )
-    return text
+        ]
+    if "db" in left and has_db:
+        return [
+            "this firmware's factory-default keys (dbDefault) already hold the Microsoft UEFI "
+            "CA 2023: restoring the factory keys in the firmware setup loads it"
+            + ("" if has_kek or "KEK" not in left else " (KEKDefault lacks the KEK 2K CA 2023)")
+        ]
+    return []
 
 
 # --- measured boot: what changing db or KEK (PCR 7) would lock out ---------------------------
@@ -879,6 +1016,11 @@ def check_efivarfs(directory: Path) -> None:
 
 def render(result: dict) -> List[str]:
     lines = [f"{result['source']}:"]
+    folder = payloads.ARCHES[result["arch"]]
+    lines.append(
+        f"  architecture: {result['arch']} ({result.get('arch_from', 'given')}): "
+        f"{payloads.POST}/Optional/DB/{folder}/"
+    )
     pk = result["pk"]
     lines.append(f"  PK: {pk['subject'] + ' (SHA-1 ' + pk['sha1'] + ')' if pk else 'not usable'}")
     kek = result["kek_update"]
@@ -913,7 +1055,7 @@ def render(result: dict) -> List[str]:
     for item in result["remaining"]:
         lines.append(f"  remains: {item['name']} in {item['variable']}: {item['reason']}")
     if result["options"]:
-        lines.append("  options for the KEK:")
+        lines.append("  options:")
         lines.extend(f"    - {text}" for text in result["options"])
     if result.get("backup"):
         lines.append(f"  keys as they were saved in: {result['backup']}")
@@ -1035,8 +1177,9 @@ def fix_firmware(args, directory: Path, root: Path) -> int:
     dump = bool(args.efivars)
     objects = payloads.load_objects(args.payloads, root)
     variables = efi.read_efivars(directory)
-    arch = "amd64" if dump else machine_arch()  # Microsoft's files are the same for each
+    arch, arch_from = choose_arch(directory, getattr(args, "arch", None), dump)
     result = plan(variables, objects, arch, str(directory))
+    result["arch_from"] = arch_from
     result.update({"dry_run": bool(args.dry_run), "written": False, "measured_boot": []})
     result["recovery_keys_confirmed"] = bool(args.i_have_recovery_keys)
     result["backup"] = None

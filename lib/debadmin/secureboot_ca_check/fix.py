@@ -23,7 +23,7 @@ from cryptography import x509
 from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import efi
+from debadmin.secureboot_ca_check import blockdev, efi
 from debadmin.secureboot_ca_check import payloads
 
 # What --fix adds: (id, subject CN, variable, SHA-256 fingerprint), as in
@@ -599,7 +599,10 @@ def read_store_file(handle, path: Path) -> Tuple[bytes, Optional[bytes]]:
 
 
 def read_nvram(path: Path) -> bytes:
-    """The raw store of an NVRAM file, raw or qcow2 (for the report)."""
+    """The raw store of an NVRAM file, raw or qcow2, or of a block device (for the
+    report)."""
+    if blockdev.is_block_device(path):
+        return blockdev.read_device(blockdev.device_name(path))
     with efi.open_regular(path) as handle:
         return read_store_file(handle, path)[0]
 
@@ -666,11 +669,56 @@ def unchanged(fd: int, path: Path, seen: os.stat_result) -> None:
         raise Error(f"{path} changed while --fix read it: nothing written, run it again")
 
 
-def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, planner=None) -> dict:
+DPKG_INFO = "var/lib/dpkg/info"
+
+
+def package_owner(path: Path, root: Path = Path("/")) -> Optional[str]:
+    """The package whose files list path (dpkg's database under root, the .list files
+    dpkg-query -S reads), by the name given and by its real path (usr-merge aliases);
+    None when no package owns it."""
+    names = set()
+    for candidate in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        try:
+            names.add("/" + candidate.relative_to(os.path.abspath(root)).as_posix())
+        except ValueError:  # not under root: its own name
+            names.add(str(candidate))
+    wanted = [b"\n" + os.fsencode(n) + b"\n" for n in names]
+    info = root / DPKG_INFO
+    try:
+        lists = sorted(n for n in os.listdir(info) if n.endswith(".list"))
+    except OSError:
+        return None
+    for name in lists:
+        try:
+            with open(info / name, "rb") as handle:
+                listed = b"\n" + handle.read() + b"\n"  # one search per name, in C
+        except OSError:
+            continue
+        if any(line in listed for line in wanted):
+            return name[: -len(".list")].split(":")[0]
+    return None
+
+
+def refuse_packaged(path: Path, root: Path) -> None:
+    owner = package_owner(path, root)
+    if owner:
+        raise Error(
+            f"{path}: belongs to the package {owner} (dpkg would restore it, and every VM "
+            f"created from it later would get the change): copy it (cp {path} VM_VARS.fd) "
+            "and fix the copy; nothing written"
+        )
+
+
+def fix_file(
+    path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path = Path("/"), planner=None
+) -> dict:
     """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result.
     planner (default plan_fix) makes the plan from the store's bytes (dbx.py's for dbx).
 
     The lock taken before the file is read is held until the new file is in place."""
+    refuse_packaged(path, root)
+    if blockdev.is_block_device(path):
+        return fix_device(path, certs, dry_run, root, planner)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -706,6 +754,67 @@ def fix_file(path: Path, certs: Dict[str, Cert], dry_run: bool, planner=None) ->
         return result
 
 
+DEVICE_BACKUPS = "var/lib/secureboot-ca-check"
+
+
+def fix_device(
+    path: Path, certs: Dict[str, Cert], dry_run: bool, root: Path, planner=None
+) -> dict:
+    """fix_file() for a block device (an efidisk): the store at its start, the rest of
+    the volume left as it is.  Refused while any other process holds the device open;
+    written in place (a device cannot be renamed over): the volume's bytes first saved
+    to a backup file (fsynced), then the store's new bytes, fsynced, read back."""
+    device = blockdev.device_name(path)
+    blockdev.refuse_held(device)
+    fd = blockdev.open_device(device, write=not dry_run)
+    try:
+        data = blockdev.read_head(fd, device)
+        plan = (planner or plan_fix)(data, str(path), certs)
+        result = plan.as_json()
+        result.update(
+            {"format": "block device", "device": str(device), "backup": None, "written": False}
+        )
+        if plan.new_bytes is None or dry_run:
+            return result
+        new = plan.new_bytes[0]  # up to the end of the store; the rest stays on the device
+        blockdev.refuse_held(device)
+        if blockdev.read_head(fd, device) != data:
+            raise Error(f"{path} changed while --fix read it: nothing written, run it again")
+        backup = device_backup(root, path, data)
+        written = 0
+        while written < len(new):
+            written += os.pwrite(fd, new[written:], written)
+        os.fsync(fd)
+        if os.pread(fd, len(new), 0) != new:
+            raise Error(
+                f"{path}: the store does not read back as written: restore it with "
+                f"dd if={backup} of={device} conv=fsync"
+            )
+        result.update({"backup": str(backup), "written": True})
+        return result
+    finally:
+        os.close(fd)
+
+
+def device_backup(root: Path, path: Path, data: bytes) -> Path:
+    """The firmware volume at the start of the device (all of what was read when its
+    header gives no sensible length), in a new file under ROOT/var/lib/secureboot-ca-check,
+    fsynced before anything is written to the device."""
+    length = blockdev.volume_length(data)
+    volume = data[:length] if length and length <= len(data) else data
+    base = root / DEVICE_BACKUPS
+    try:
+        os.makedirs(base, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise Error(f"cannot create {base}: {exc.strerror}: nothing written") from None
+    backup = backup_path(base / path.name, datetime.datetime.now(datetime.timezone.utc))
+    try:
+        fsutil.atomic_write(backup, volume, mode=0o600)
+    except OSError as exc:
+        raise Error(f"cannot write the backup {backup}: {exc.strerror}: nothing written") from None
+    return backup
+
+
 def shipped_certs(root: Path, directory: Optional[str] = None) -> Dict[str, Cert]:
     """The four certificates of Microsoft's objects (shipped by this package under
     /usr/share/secureboot-ca-check, or --payloads DIR), each checked by fingerprint."""
@@ -713,18 +822,22 @@ def shipped_certs(root: Path, directory: Optional[str] = None) -> Dict[str, Cert
     found: Dict[str, Cert] = {}
     for ca, rel in payloads.CERTIFICATE_FILES.items():
         path = base / rel
+        if not directory and not os.path.lexists(path):
+            continue  # not installed (another --root): the other sources may have it
         try:
             der = efi.read_bounded(path, MAX_CERT_FILE, "a certificate")
-        except Error:
-            if directory:
-                raise
-            continue
+        except Error as exc:
+            raise payloads.PayloadError(str(exc)) from None
+        if hashlib.sha256(der).hexdigest() != payloads.FINGERPRINTS[ca]:
+            # Never written (only what matches a known fingerprint is), and no verdict
+            # either: the shipped copy is damaged or replaced.
+            raise payloads.PayloadError(
+                f"{path}: not the certificate of {ca} (SHA-256 fingerprint differs): "
+                "damaged or replaced, not as Microsoft published it: nothing written"
+            )
         target = target_of(der)
-        if target is None or target[0] != ca:
-            if directory:
-                raise Error(f"{path}: not the certificate of {ca} (SHA-256 fingerprint differs)")
-            continue  # never written: only what matches a known fingerprint is
-        found[ca] = Cert(target, der, str(path))
+        if target is not None and target[0] == ca:
+            found[ca] = Cert(target, der, str(path))
     return found
 
 
@@ -777,12 +890,14 @@ def still_needed(result: dict) -> bool:
 def cmd_fix(args) -> int:
     """--varstore FILE... --fix: every file checked first, then each written."""
     root = Path(args.root or "/")
-    certs = available_certs(args.cert or [], root, args.payloads)
     paths = [Path(p) for p in args.varstore]
+    for path in paths:  # before anything else: the answer is to copy it
+        refuse_packaged(path, root)
+    certs = available_certs(args.cert or [], root, args.payloads)
     # All files planned before the first is written: a refusal leaves every file as it was.
-    results = [fix_file(path, certs, dry_run=True) for path in paths]
+    results = [fix_file(path, certs, dry_run=True, root=root) for path in paths]
     if not args.dry_run:
-        results = [fix_file(path, certs, dry_run=False) for path in paths]
+        results = [fix_file(path, certs, dry_run=False, root=root) for path in paths]
     status = 1 if any(still_needed(r) for r in results) else 0
     if args.json:
         emit_json({"fixes": results, "dry_run": bool(args.dry_run), "exit_status": status})

@@ -31,6 +31,7 @@ from debadmin.output import emit_json
 from debadmin.secureboot_ca_check import PROG, checks
 from debadmin.secureboot_ca_check import efi
 from debadmin.secureboot_ca_check import fix
+from debadmin.secureboot_ca_check import payloads
 
 DOMAIN_DIR = "etc/libvirt/qemu"
 RUN_DIR = "run/libvirt/qemu"
@@ -608,6 +609,8 @@ def judge_store(
         return error_entry(entry, f"{gone}: no such file")
     except OSError as exc:
         return error_entry(entry, f"cannot read {label}: {exc.strerror}")
+    except payloads.PayloadError:
+        raise  # the package's objects, not this domain's store: exit 2
     except Error as exc:
         return error_entry(entry, str(exc))
     entry.update(
@@ -858,7 +861,9 @@ def fix_domain(domain: Domain, entry: dict, certs, args, root: Path) -> None:
                 nvram_path(domain, root), template, certs, dry_run, root
             )
         else:
-            entry["fix"] = fix.fix_file(nvram_path(domain, root), certs, dry_run=dry_run)
+            entry["fix"] = fix.fix_file(
+                nvram_path(domain, root), certs, dry_run=dry_run, root=root
+            )
         entry["dry_run"] = dry_run
         if entry["fix"]["written"]:
             now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)

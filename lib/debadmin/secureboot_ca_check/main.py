@@ -17,8 +17,9 @@ from cryptography.utils import CryptographyDeprecationWarning
 from debadmin import cli
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding
+from debadmin import output
 from debadmin.output import emit_json
-from debadmin.secureboot_ca_check import PROG, checks, dbx, efi, efivarfs, fix
+from debadmin.secureboot_ca_check import PROG, checks, dbx, efi, efivarfs, fix, payloads
 
 log = logging.getLogger("debadmin")
 
@@ -78,6 +79,7 @@ def efivars_report(args: argparse.Namespace, root: Path, now: datetime.datetime)
         now,
         host=host,
         payloads_dir=args.payloads,
+        arch=args.arch,
     )
 
 
@@ -164,10 +166,7 @@ def json_text(value, level: int = 0) -> str:
 
 def print_json(document: dict) -> None:
     """debadmin.output.emit_json's document, laid out by json_text."""
-    text = json_text(document)
-    # Lone surrogates (undecodable bytes of a file name) as JSON's \udcXX escapes.
-    sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
-    sys.stdout.flush()
+    output.write_json_text(json_text(document))
 
 
 def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Error) -> int:
@@ -280,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
         "copy this package ships (/usr/share/secureboot-ca-check/secureboot_objects)",
     )
     parser.add_argument(
+        "--arch",
+        choices=sorted(payloads.ARCHES),
+        help="the firmware's architecture, for the db updates' folder (default: what its "
+        "Boot#### entries' loader names say, else this host's)",
+    )
+    parser.add_argument(
         "--i-have-recovery-keys",
         action="store_true",
         help="with --fix on this machine: write even though LUKS or BitLocker keys are "
@@ -333,7 +338,9 @@ def dispatch(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore", CryptographyDeprecationWarning)
             return command(args)
     except NotApplicable as exc:  # a blank NVRAM file: a verdict, said as cmd_check says it
-        if getattr(args, "verbosity", 0) != -1:
+        if args.json:
+            emit_json({"applicable": False, "reason": str(exc), "exit_status": exc.code})
+        elif getattr(args, "verbosity", 0) != -1:
             print(f"{PROG}: {checks.printable(str(exc))}", file=sys.stderr)
         return exc.code
     except Error:
@@ -360,6 +367,8 @@ def check_modes(args: argparse.Namespace) -> bool:
         raise Error("--dbx-update and --esp go with --fix --dbx")
     if args.dbx and not args.fix:
         raise Error("--dbx goes with --fix (the check always says whether dbx is behind)")
+    if args.arch and (args.varstore or args.libvirt):
+        raise Error("--arch goes with this machine's firmware or --efivars DIR")
     return bool(args.fix) and check_fix_modes(args)
 
 

@@ -72,12 +72,23 @@ PK_MISMATCH = (
     "for a PK-signed write, and tolerates no padding in PK)"
 )
 MAX_CHAIN = 8
+# Microsoft's published files that do not verify as the firmware verifies them, by
+# SHA-256, with the reason: the only ones reported as published but not usable (beside
+# the objects; kept by build-aux/refresh-secureboot-objects).
+KNOWN_BROKEN = "known-broken.json"
 HASHES = {
     "sha1": hashes.SHA1,
     "sha256": hashes.SHA256,
     "sha384": hashes.SHA384,
     "sha512": hashes.SHA512,
 }
+
+
+class PayloadError(Error):
+    """A signed update (or a certificate) of the objects that is not what Microsoft
+    published: unreadable, or failing verification against the key it was published as
+    signed with, and not on the known-broken list.  Exit 2 in every mode, nothing
+    written: a damaged or replaced file is never a verdict on the machine."""
 
 
 # --- the file format ----------------------------------------------------------------------
@@ -447,14 +458,18 @@ class Objects:
 
     root: Path
     kek_map: Dict[str, dict]
+    known_broken: Dict[str, dict] = field(default_factory=dict)  # by SHA-256
 
     def read(self, rel: str, variable: str) -> Payload:
         path = self.root / POST / rel
         try:
             blob = efi.read_bounded(path, MAX_PAYLOAD, "a signed update")
-        except OSError as exc:
-            raise Error(f"cannot read {path}: {exc.strerror}") from None
-        return parse_payload(blob, rel, variable)
+        except Error as exc:
+            raise PayloadError(str(exc)) from None
+        try:
+            return parse_payload(blob, rel, variable)
+        except Error as exc:  # its message starts with rel
+            raise PayloadError(f"{self.root / POST}/{exc}") from None
 
     def db_update(self, arch: str, name: str) -> Payload:
         return self.read(f"Optional/DB/{ARCHES[arch]}/{name}", "db")
@@ -488,7 +503,80 @@ def load_objects(directory: Optional[str], system: Path = Path("/")) -> Objects:
         rel = Path(entry["KEKUpdate"])
         if rel.is_absolute() or ".." in rel.parts:
             raise Error(f"{map_path}: {entry['KEKUpdate']}: not a path under KEK/")
-    return Objects(root, {k.lower(): v for k, v in kek_map.items()})
+    broken = root / KNOWN_BROKEN
+    if not broken.is_file():  # a checkout of Microsoft's: the list this package ships
+        broken = system / str(DEFAULT_DIR).lstrip("/") / KNOWN_BROKEN
+    known = read_known_broken(broken) if broken.is_file() else {}
+    return Objects(root, {k.lower(): v for k, v in kek_map.items()}, known)
+
+
+def read_known_broken(path: Path) -> Dict[str, dict]:
+    """known-broken.json: {"files": [{"path", "sha256", "reason"}...]}, by SHA-256."""
+    try:
+        document = json.loads(efi.read_bounded(path, 1 << 20, "the known-broken list"))
+        entries = document["files"]
+        if not all(
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in KNOWN_BROKEN_KEYS)
+            for e in entries
+        ):
+            raise ValueError("an entry is not {path, sha256, reason}")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise Error(f"cannot read {path}: {exc}") from None
+    return {e["sha256"].lower(): e for e in entries}
+
+
+KNOWN_BROKEN_KEYS = ("path", "sha256", "reason")
+
+
+def publisher_verdict(objects: Objects, payload: Payload) -> Tuple[Verdict, str]:
+    """(the verdict, who) on a payload against the key Microsoft published it as signed
+    with, whatever the machine: a db update against Microsoft's KEK CA 2011 (carried in
+    its PKCS#7) or KEK 2K CA 2023 (the shipped certificate), each pinned by fingerprint; a
+    KEK update against the PK certificate kek_update_map.json names for it, found by
+    SHA-1 among its PKCS#7's certificates."""
+    certs = p7_certificates(payload)
+    if payload.variable == "db":
+        who = "Microsoft's KEK CAs"
+        anchors = [c for c in certs if efi.fingerprint(c) == KEK_CA_2011]
+        try:
+            kek_2023 = load_der_cert(objects.certificate(KEK_TARGET))
+        except (Error, OSError):
+            kek_2023 = None
+        if kek_2023 is not None and efi.fingerprint(kek_2023) == FINGERPRINTS[KEK_TARGET]:
+            anchors.append(kek_2023)
+        verdict = Verdict(False, "its PKCS#7 does not carry Microsoft Corporation KEK CA 2011")
+        for anchor in anchors:
+            verdict = verify_payload(payload, anchor)
+            if verdict.ok:
+                break
+        return verdict, who
+    who = "the platform key kek_update_map.json names for it"
+    sha1 = next(
+        (s for s, e in objects.kek_map.items() if f"KEK/{e['KEKUpdate']}" == payload.path), None
+    )
+    if sha1 is None:
+        return Verdict(False, "kek_update_map.json does not name it"), who
+    pk = next((c for c in certs if efi.fingerprint(c, "sha1") == sha1), None)
+    if pk is None:
+        return Verdict(False, f"its PKCS#7 does not carry that certificate (SHA-1 {sha1})"), who
+    return verify_payload(payload, pk), who
+
+
+def check_published(objects: Objects, payload: Payload) -> Optional[dict]:
+    """None when the payload verifies against the key it was published as signed with;
+    its known-broken entry when it does not and these are the very bytes Microsoft
+    published so (published, not usable); PayloadError otherwise (damaged or replaced)."""
+    verdict, who = publisher_verdict(objects, payload)
+    if verdict.ok:
+        return None
+    entry = objects.known_broken.get(payload.sha256)
+    if entry is not None:
+        return entry
+    raise PayloadError(
+        f"{objects.root / POST / payload.path}: does not verify against {who} "
+        f"({verdict.reason}): damaged or replaced, not as Microsoft published it "
+        "(refresh it or reinstall the package): nothing written"
+    )
 
 
 def kek_ca_2011(objects: Objects) -> Optional[x509.Certificate]:

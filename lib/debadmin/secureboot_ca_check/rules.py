@@ -200,6 +200,14 @@ def update_means(facts: Facts) -> Iterable[Finding]:
             "(Microsoft UEFI CA 2023)",
             "KEK",
         )
+    elif not facts.has("uefi_ca_2023", "db"):
+        yield finding(
+            "db-update-unsignable",
+            "info",
+            "KEK lacks Microsoft Corporation KEK CA 2011, which signs Microsoft's published "
+            "db updates: neither fwupd nor --fix can apply them with this KEK",
+            "KEK",
+        )
 
 
 def revoked_2023(facts: Facts) -> Iterable[Finding]:
@@ -424,8 +432,35 @@ def update_steps(findings: List[Finding], source_kind: str) -> List[str]:
             "The db update (Microsoft UEFI CA 2023) is signed with KEK CA 2011, "
             "which this machine has: it can be applied now."
         )
+    if "db-uefi-ca-2023-missing" in codes and "db-update-unsignable" in codes:
+        steps.append(db_route(codes))
     steps.append(PCR7_WARNING)
     return steps
+
+
+def db_route(codes: set) -> str:
+    """What brings the Microsoft UEFI CA 2023 into db when KEK lacks the KEK CA 2011 that
+    signs Microsoft's db updates."""
+    ways = []
+    if "kek-update-published" in codes:
+        ways.append(
+            "apply the KEK update published for this PK first (fwupd or --fix): Microsoft "
+            "signs its later db updates with the KEK 2K CA 2023 it adds"
+        )
+    if kek_blocked(codes):  # the step above already sends the admin to the maker
+        ways.append("the maker's firmware update named above, if it brings the 2023 CAs")
+    else:
+        ways.append("install the maker's firmware (BIOS) update that brings the 2023 CAs")
+    if "defaults-lack-2023" not in codes:
+        ways.append("restore factory keys if dbDefault holds the Microsoft UEFI CA 2023")
+    ways.append(
+        "with keys of your own, sign a db append of the certificate with a key of this KEK "
+        "(efitools: cert-to-efi-sig-list, sign-efi-sig-list -a; efi-updatevar -a)"
+    )
+    return (
+        "Microsoft's db updates are signed with the KEK CA 2011, which this KEK lacks, so "
+        "neither fwupd nor --fix can add the Microsoft UEFI CA 2023: " + "; or ".join(ways) + "."
+    )
 
 
 def kek_blocked(codes: set) -> bool:
