@@ -272,3 +272,57 @@ def test_journal_acl_setup_on_an_image(tmp_path):
     assert apply["changed"] and not apply["action_needed"], apply
     assert not again["changed"] and again["findings"] == [], again
     assert acls() != before
+
+
+def test_rollout_stops_at_the_first_refused_host(tmp_path):
+    """The collection's playbook on three local 'hosts', one OVMF store each, serial 1:
+    the first is fixed, the second's fix is refused (a damaged payload tree), and the
+    third is left untouched; a fourth where the check does not apply is reported ok."""
+    if not OVMF.is_file():
+        pytest.skip(f"{OVMF} missing (package ovmf)")
+    env = ansible_env(tmp_path)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(SRC / "data" / "secureboot_objects", damaged)
+    for der in damaged.rglob("*.der"):
+        der.write_bytes(der.read_bytes()[:-1] + b"\0")
+    good = SRC / "data" / "secureboot_objects"
+    hosts = []
+    for name, payloads in (("host1", good), ("host2", damaged), ("host3", good)):
+        shutil.copyfile(OVMF, tmp_path / f"{name}.fd")
+        hosts.append(
+            f"{name} ansible_connection=local secureboot_rollover_payloads={payloads} "
+            f"""secureboot_rollover_varstores='["{tmp_path / name}.fd"]'"""
+        )
+    # Secure Boot off in the store: not applicable (exit 3), reported, not failed.
+    shutil.copyfile(OVMF.with_name("OVMF_VARS_4M.fd"), tmp_path / "host0.fd")
+    hosts.insert(
+        0,
+        f"host0 ansible_connection=local "
+        f"""secureboot_rollover_varstores='["{tmp_path / 'host0'}.fd"]'""",
+    )
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("\n".join(hosts) + "\n")
+    env["ANSIBLE_PYTHON_INTERPRETER"] = sys.executable
+    result = subprocess.run(
+        [
+            "ansible-playbook",
+            "-i",
+            str(inventory),
+            "-e",
+            "ansible_become=false",
+            "debadmin.tools.secureboot_rollover",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "fatal: [host2]" in result.stdout, result.stdout
+    out = result.stdout
+    assert "not applicable: secureboot-ca-check: not applicable (verdict: not-applicable)" in out, out
+    assert "host0" in out.split("Secure Boot CA rollover in batches")[1], out
+    assert (tmp_path / "host1.fd").read_bytes() != OVMF.read_bytes()
+    assert len(list(tmp_path.glob("host1.fd.*.bak"))) == 1
+    assert (tmp_path / "host2.fd").read_bytes() == OVMF.read_bytes(), "refused, yet written"
+    assert (tmp_path / "host3.fd").read_bytes() == OVMF.read_bytes(), "rollout went on"
+    assert "host3" not in out.split("Secure Boot CA rollover in batches")[1], out

@@ -61,12 +61,18 @@ class Result(object):
             if reason:
                 return str(reason)
         lines = [line for line in self.stderr.splitlines() if line.strip()]
-        if not lines:
+        if not lines and self.doc is None:
             lines = [line for line in self.stdout.splitlines() if line.strip()]
-            if lines and lines[-1].lstrip().startswith(("{", "}", "]")):
-                lines = []
         if not lines:
-            return "%s exited with status %d" % (prog, self.rc)
+            # A JSON report and nothing on stderr (secureboot-ca-check --json on a store
+            # with Secure Boot off): the report's own words.
+            said = [f.get("message") for f in self.findings if isinstance(f, dict) and f.get("message")]
+            verdicts = []
+            tree_collect(self.doc, "verdict", verdicts)
+            what = "not applicable" if self.rc == EXIT_NOT_APPLICABLE else "exit status %d" % self.rc
+            if verdicts:
+                what += " (verdict: %s)" % ", ".join(sorted(set(str(v) for v in verdicts)))
+            return "%s: %s%s" % (prog, what, ": " + "; ".join(said) if said else "")
         line = lines[-1].strip()
         for prefix in (prog + ": error: ", prog + ": "):
             if line.startswith(prefix):
@@ -95,6 +101,18 @@ def parse_json(text):
 
 def needs_action(findings):
     return any(f.get("severity") == "action" for f in findings if isinstance(f, dict))
+
+
+def tree_collect(doc, key, found):
+    """Every value of ``key`` anywhere in the JSON document, appended to ``found``."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k == key:
+                found.append(v)
+            tree_collect(v, key, found)
+    elif isinstance(doc, list):
+        for item in doc:
+            tree_collect(item, key, found)
 
 
 def tree_has(doc, key, test):

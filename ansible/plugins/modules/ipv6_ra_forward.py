@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: ipv6_ra_forward
 short_description: IPv6 forwarding that keeps the uplinks' router advertisements
-version_added: "0.1.0"
+version_added: "1.0.0"
 description:
   - Runs C(ipv6-ra-forward) on the target (package C(ipv6-ra-forward)). With C(state=present)
     it sets accept_ra=2 on the C(uplinks), then turns forwarding on (C(ipv6-ra-forward

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: journal_acl_setup
 short_description: Persistent systemd journal readable by the admin groups
-version_added: "0.1.0"
+version_added: "1.0.0"
 description:
   - Runs C(journal-acl-setup) on the target (package C(journal-acl-setup)) and maps its
     result to Ansible's. With C(state=present) it makes the journal persistent and

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: netboot_serialize
 short_description: Debian installer netboot tree on a serial console
-version_added: "0.1.0"
+version_added: "1.0.0"
 description:
   - Runs C(netboot-serialize) on the target (package C(netboot-serialize)) on a netboot
     tree (TFTP root) or netboot.tar.gz, in place or into C(output).

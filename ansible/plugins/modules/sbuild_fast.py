@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: sbuild_fast
 short_description: sbuild chroots with debhelper and eatmydata preinstalled
-version_added: "0.1.0"
+version_added: "1.0.0"
 description:
   - Runs C(sbuild-fast) on the target (package C(sbuild-fast)) as the user the task runs
     as. With C(state=present) it creates the chroot of C(dist) when C(sbuild-fast list

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 ---
 module: secureboot_ca_check
 short_description: Whether Secure Boot needs the 2023 Microsoft CAs, and adding them
-version_added: "0.1.0"
+version_added: "1.0.0"
 description:
   - Runs C(secureboot-ca-check --json) on the target (package C(secureboot-ca-check)) and
     returns its verdicts and findings. The firmware of the host is read by default; C(varstore)
