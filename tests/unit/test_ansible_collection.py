@@ -102,7 +102,7 @@ def ansible_env(tmp_path):
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
         "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ansible-tmp"),
         "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
         "PYTHONDONTWRITEBYTECODE": "1",
     }
 
@@ -319,7 +319,9 @@ def test_rollout_stops_at_the_first_refused_host(tmp_path):
     assert result.returncode != 0, result.stdout
     assert "fatal: [host2]" in result.stdout, result.stdout
     out = result.stdout
-    assert "not applicable: secureboot-ca-check: not applicable (verdict: not-applicable)" in out, out
+    assert (
+        "not applicable: secureboot-ca-check: not applicable (verdict: not-applicable)" in out
+    ), out
     assert "host0" in out.split("Secure Boot CA rollover in batches")[1], out
     assert (tmp_path / "host1.fd").read_bytes() != OVMF.read_bytes()
     assert len(list(tmp_path.glob("host1.fd.*.bak"))) == 1

@@ -66,17 +66,21 @@ class Result(object):
         if not lines:
             # A JSON report and nothing on stderr (secureboot-ca-check --json on a store
             # with Secure Boot off): the report's own words.
-            said = [f.get("message") for f in self.findings if isinstance(f, dict) and f.get("message")]
+            said = [
+                f.get("message") for f in self.findings if isinstance(f, dict) and f.get("message")
+            ]
             verdicts = []
             tree_collect(self.doc, "verdict", verdicts)
-            what = "not applicable" if self.rc == EXIT_NOT_APPLICABLE else "exit status %d" % self.rc
+            what = (
+                "not applicable" if self.rc == EXIT_NOT_APPLICABLE else "exit status %d" % self.rc
+            )
             if verdicts:
                 what += " (verdict: %s)" % ", ".join(sorted(set(str(v) for v in verdicts)))
             return "%s: %s%s" % (prog, what, ": " + "; ".join(said) if said else "")
         line = lines[-1].strip()
         for prefix in (prog + ": error: ", prog + ": "):
             if line.startswith(prefix):
-                return line[len(prefix):]
+                return line[len(prefix) :]
         return line
 
     def changes(self):
@@ -138,7 +142,8 @@ class Tool(object):
         if self.path is None:
             module.fail_json(
                 msg="%s is not installed on this host: install the Debian package %s "
-                "(for instance with the debadmin.tools.repository role)" % (prog, PACKAGES.get(prog, prog))
+                "(for instance with the debadmin.tools.repository role)"
+                % (prog, PACKAGES.get(prog, prog))
             )
 
     def run(self, args):

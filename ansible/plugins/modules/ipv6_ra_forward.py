@@ -174,7 +174,9 @@ def main():
                 result["changed"] = bool(result["changes"])
                 enable_rc = done.rc
             if module._diff:
-                result["diff"] = prepared_diff(result["changes"], "ipv6-ra-forward %s:" % command[0])
+                result["diff"] = prepared_diff(
+                    result["changes"], "ipv6-ra-forward %s:" % command[0]
+                )
 
     report = tool.checked(["status", "--json"], **result)
     result.update(

@@ -162,7 +162,9 @@ def main():
                 result["changes"] = done.changes()
                 result["changed"] = bool(result["changes"])
             if module._diff:
-                result["diff"] = prepared_diff(result["changes"], "journal-acl-setup %s:" % command[0])
+                result["diff"] = prepared_diff(
+                    result["changes"], "journal-acl-setup %s:" % command[0]
+                )
 
     report = tool.checked(["check", "--json"] + common, **result)
     result.update(

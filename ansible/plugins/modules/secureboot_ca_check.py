@@ -164,9 +164,10 @@ def planned(doc):
     """Whether a --fix --dry-run document plans to add anything (varstore, libvirt or
     firmware shape: an ``added`` or ``steps`` list that is not empty)."""
     return tree_has(doc, "added", lambda v: bool(v)) or tree_has(
-        doc, "steps", lambda v: isinstance(v, list) and any(
-            isinstance(s, dict) and s.get("status") not in ("present", "skipped") for s in v
-        )
+        doc,
+        "steps",
+        lambda v: isinstance(v, list)
+        and any(isinstance(s, dict) and s.get("status") not in ("present", "skipped") for s in v),
     )
 
 
@@ -174,7 +175,9 @@ def plan_lines(doc):
     lines = []
     for item in doc.get("fixes", []) if isinstance(doc, dict) else []:
         for added in item.get("added", []):
-            lines.append("%s: add %s to %s" % (item.get("path"), added.get("name"), added.get("variable")))
+            lines.append(
+                "%s: add %s to %s" % (item.get("path"), added.get("name"), added.get("variable"))
+            )
     if not lines and doc:
         lines = json.dumps(doc, indent=1, sort_keys=True).splitlines()
     return lines
