@@ -330,3 +330,22 @@ def test_rollout_stops_at_the_first_refused_host(tmp_path):
     batches = out.split("Secure Boot CA rollover in batches", 1)[1].split("PLAY RECAP")[0]
     assert "[host3]" not in batches, out
     assert "[host0]" in batches and "[host1]" in batches and "[host2]" in batches, out
+
+
+def test_ansible_lint_production_profile(tmp_path):
+    # Debian's ansible-lint on the collection as installed: roles, playbooks, metadata.
+    if not shutil.which("ansible-lint", path="/usr/bin"):
+        pytest.skip("ansible-lint is not installed")
+    env = ansible_env(tmp_path)
+    tree = tmp_path / "lint" / "ansible_collections" / "debadmin" / "tools"
+    shutil.copytree(COLLECTION, tree)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(tmp_path / "lint")
+    result = subprocess.run(
+        ["ansible-lint", "--offline", "-p", "--nocolor"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Passed with production profile" in result.stdout + result.stderr
