@@ -41,7 +41,8 @@ CHANGES := $(BUILD)/debadmin_$(VERSION)_$(shell dpkg --print-architecture).chang
 APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends
 
 # What the test pipeline itself runs (beyond the build dependencies).
-CHECK_DEPENDS := shellcheck python3-pytest radon lintian autopkgtest mmdebstrap uidmap sbuild faketime
+CHECK_DEPENDS := shellcheck python3-pytest radon lintian autopkgtest mmdebstrap uidmap sbuild faketime \
+	ansible-core ansible-lint
 # make repo's tools (tests/integration/release uses them and piuparts too).
 REPO_DEPENDS := reprepro gnupg
 # What the integration tests use: the containers of tests/integration/lib, then per tool.
@@ -58,7 +59,11 @@ TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fspro
 # sid's sbuild, opt-in and needing nothing more here (it goes into a trixie tree):
 # DEBADMIN_TEST_SID=1 tests/integration/sbuild-fast/test-sid-sbuild, ~5 min.
 TEST_DEPENDS_release := $(REPO_DEPENDS) piuparts git
-TEST_DEPENDS := systemd-container $(foreach tool,$(TOOLS) release,$(TEST_DEPENDS_$(tool)))
+# The collection's fleet test: ansible-core over ssh to containers, a repository by
+# make-repo, the OVMF store the rollout fixes.
+TEST_DEPENDS_ansible-collection := ansible-core openssh-client $(REPO_DEPENDS) ovmf
+TEST_DEPENDS := systemd-container \
+	$(foreach tool,$(TOOLS) release ansible-collection,$(TEST_DEPENDS_$(tool)))
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f

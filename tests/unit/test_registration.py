@@ -203,9 +203,27 @@ def test_a_tool_imports_only_its_own_package_and_the_library(tool):
             ), f"{path.relative_to(SRC)} imports {imported}"
 
 
+# Binary packages that are no tool: the library, the metapackage, and the Ansible
+# collection that drives the tools from a controller (issue 36).
+NOT_TOOLS = {"python3-debadmin", "debadmin", "ansible-collection-debadmin"}
+
+
 def test_no_binary_package_without_a_tool():
-    # Every binary package is the library, the metapackage or a tool in bin/.
-    assert set(BINARIES) == {"python3-debadmin", "debadmin", *TOOLS}
+    # Every binary package is one of NOT_TOOLS or a tool in bin/.
+    assert set(BINARIES) == {*NOT_TOOLS, *TOOLS}
+
+
+def test_collection_package_is_no_tool_and_not_in_the_metapackage():
+    collection = BINARIES["ansible-collection-debadmin"]
+    assert collection["Architecture"] == "all"
+    assert "ansible-core" in collection["Depends"]
+    assert "ansible-collection-debadmin" not in BINARIES["debadmin"]["Depends"]
+    assert "ansible-collection-debadmin" not in BINARIES["debadmin"].get("Suggests", "")
+    install = lines(SRC / "debian" / "ansible-collection-debadmin.install")
+    assert install == ["ansible/* usr/share/ansible/collections/ansible_collections/debadmin/tools/"]
+    assert any(
+        stanza.get("Depends", "").startswith("ansible-collection-debadmin") for stanza in TESTS
+    ), "no autopkgtest for the collection"
 
 
 @pytest.mark.parametrize("tool", TOOLS)
