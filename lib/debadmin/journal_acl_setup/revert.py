@@ -214,7 +214,12 @@ def _restore(
     if not left:
         if not dry_run:
             walker.restore(node, old_access, old_default, mode)
-            store.forget(*key)
+            if walker.named_gids(base) | walker.named_gids(base_default):
+                # What it held before holds a group's entries: kept, so that a revert of
+                # that group knows they were there before its apply.
+                store.set_gids(*key, ())
+            else:
+                store.forget(*key)
         return True
     target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
     if target == made:

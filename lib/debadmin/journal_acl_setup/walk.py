@@ -321,6 +321,12 @@ def effective(entries: Optional[Entries]) -> Dict[Tuple[int, int], int]:
     }
 
 
+def _named_can(entries: Optional[Entries], gid: int, want: int) -> bool:
+    if entries is None or (GROUP, gid) not in entries:
+        return False
+    return entries[(GROUP, gid)] & entries.get((MASK, UNDEFINED), 7) & want == want
+
+
 def default_base(access: Entries) -> Entries:
     """A new default ACL starts from the directory's owner, group and other entries."""
     return {k: v for k, v in access.items() if k[0] in (USER_OBJ, GROUP_OBJ, OTHER)}
@@ -337,14 +343,18 @@ def grant_all(
     access: Entries, default: Optional[Entries], owner_gid: int, gids, is_dir: bool
 ) -> Tuple[Entries, Optional[Entries]]:
     """What apply makes of an access and default ACL for gids: each group that cannot
-    read gets a named entry (and a default one on a directory), the mask widened by the
-    bits it needs.  The same for any order of gids: revert recomputes it."""
+    read gets a named entry (and a default one on a directory, unless its own named
+    entry there already gives it what it needs), the mask widened by the bits it needs.
+    The same for any order of gids, in one apply or several: revert recomputes it."""
     want = R | X if is_dir else R
     new_access, new_default = access, default
     for gid in sorted(gids):
         if not group_can(new_access, owner_gid, gid, want):
             new_access = granted(new_access, gid, want)
-        if is_dir and not group_can(new_default, owner_gid, gid, want, default=True):
+        # A default ACL counts through the group's own named entry only: one apply
+        # making a default ACL for another group would otherwise decide for this one
+        # through the owning group's entry, and the result would depend on the order.
+        if is_dir and not _named_can(new_default, gid, want):
             new_default = granted(new_default or default_base(access), gid, want)
     return new_access, new_default
 
