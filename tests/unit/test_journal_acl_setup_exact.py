@@ -220,3 +220,54 @@ def test_dry_runs_write_nothing(tmp_path, capsys):
     data = state.read_bytes()
     assert run(capsys, "revert", "--root", str(root), "-g", "staff", "-n")[0] == 0
     assert state.read_bytes() == data
+
+
+LIB = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jas.__file__))))
+TOOL = ["-c", "import sys; from debadmin.journal_acl_setup import main; sys.exit(main.main())"]
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare for a bind mount")
+def test_a_bind_mounted_directory_is_reported(tmp_path):
+    root, machine = image(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+        + [str(tmp_path / "elsewhere"), str(machine), jas_python(), *TOOL]
+        + ["check", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=LIB),
+    )
+    if "unshare" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 1, result
+    assert f"{machine} is a bind mount: not walked" in result.stdout
+
+
+def jas_python():
+    import sys
+
+    return sys.executable
+
+
+def test_the_lock_holds_however_the_root_is_spelt(tmp_path):
+    """The journal's parent directory itself is locked: an apply through --root with
+    another spelling (or from a container's host) waits for the one holding it."""
+    import fcntl
+
+    root, _ = image(tmp_path)
+    fd = os.open(root / "var/log", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        spelt = "/" + str(root / "var/..")  # //tmp/.../root/var/..
+        with pytest.raises(subprocess.TimeoutExpired):
+            subprocess.run(
+                [jas_python(), *TOOL, "apply", "--root", spelt, "-g", "staff", "-q"],
+                env=dict(os.environ, PYTHONPATH=LIB),
+                capture_output=True,
+                timeout=3,
+            )
+    finally:
+        os.close(fd)
+    assert (W.GROUP, 5050) not in acl(root / "var/log/journal")  # it waited, did nothing

@@ -1142,7 +1142,7 @@ def quiet(args: argparse.Namespace) -> bool:
 
 # What apply tried and could not do for one path: listed, exit 1.  Anything else left
 # (a name swapped while it was walked) is an error, exit 2.
-NOT_GRANTED = {"unreadable", "no-default-acl", "unreadable-acl", "unreadable-file"}
+NOT_GRANTED = {"unreadable", "no-default-acl", "unreadable-acl", "unreadable-file", "bind-mount"}
 LISTED = 50  # paths listed per finding code once apply is done; the rest counted
 
 

@@ -562,6 +562,17 @@ def _refused(
     # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
     # takes root, as any mount does.
     if is_dir and mount[1] is not None and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
+        if st.st_dev == mount[0]:
+            # The same filesystem on another mount: a bind mount, which may bring a
+            # directory from outside the journal (or the journal itself) here.  What it
+            # holds is not checked, so check does not call the tree fine.
+            return Skip(
+                "bind-mount",
+                path,
+                f"{shown(path)} is a bind mount: not walked, left alone, what it holds "
+                "not checked",
+                action=True,
+            )
         return Skip(
             "skipped-mount",
             path,
