@@ -271,3 +271,15 @@ def test_the_lock_holds_however_the_root_is_spelt(tmp_path):
     finally:
         os.close(fd)
     assert (W.GROUP, 5050) not in acl(root / "var/log/journal")  # it waited, did nothing
+
+
+def test_check_lists_ten_paths_and_counts_the_rest(tmp_path, capsys):
+    """check keeps no list of every unreadable file (constant memory): ten, then a count."""
+    root, machine = image(tmp_path)
+    for number in range(25):
+        (machine / f"system@{number:02}.journal").write_text("x")
+        os.chmod(machine / f"system@{number:02}.journal", 0o600)
+    rc, out, _ = run(capsys, "check", "--root", str(root), "-g", "adm")
+    assert rc == 1
+    assert out.count("group adm cannot read") == 10
+    assert "unreadable: 15 more for group adm" in out
