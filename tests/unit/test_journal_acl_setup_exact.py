@@ -166,7 +166,7 @@ def test_revert_without_a_state_file_refuses(tmp_path, capsys, how):
     assert state.exists() == (how == "empty")
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff", "--strip")
     assert rc == 0, (out, err)
-    assert "group:5050" not in tree(root)[0]
+    assert "group:5050" not in tree(root)[0], (out, tree(root)[0])
 
 
 def test_unknown_group_blocks_nothing_and_quiet_keeps_the_warning(tmp_path, capsys):
@@ -283,3 +283,17 @@ def test_check_lists_ten_paths_and_counts_the_rest(tmp_path, capsys):
     assert rc == 1
     assert out.count("group adm cannot read") == 10
     assert "unreadable: 15 more for group adm" in out
+
+
+def test_a_lost_state_file_is_not_taken_for_the_admins_entries(tmp_path, capsys):
+    """The state file deleted, the boot-time apply makes a new one: the group's entries
+    there are apply's (the drop-in names it), so revert still takes them off."""
+    root, machine = image(tmp_path)
+    (machine / "system@1.journal").write_text("x")
+    os.chmod(machine / "system@1.journal", 0o600)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    (root / "var/lib/journal-acl-setup/acl-state.sqlite").unlink()
+    assert run(capsys, "apply", "--root", str(root), "-q")[0] == 0  # JOURNAL_ACL_GROUPS
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert (rc, err) == (0, ""), out
+    assert "group:5050" not in tree(root)[0], (out, tree(root)[0])

@@ -1085,7 +1085,11 @@ def granting(state: State, uids: Set[int]) -> None:
     store = acl_state().Store(state.root, create=True)
     try:
         previous = store.applied()
-        first = {g for n, g in state.groups.items() if n not in previous and n != STOCK_GROUP}
+        # A group the drop-in names was applied before, and its record lost (the state
+        # file deleted): its entries now are apply's, not the admin's, and are not kept.
+        before = set(read_tmpfiles_dropin(state.root) or {}) | set(previous) | {STOCK_GROUP}
+        first = {g for n, g in state.groups.items() if n not in before}
+        lost = {g for n, g in state.groups.items() if n in before and n not in previous}
         store.begin()
         store.set_applied({**previous, **state.groups})
         store.commit()
@@ -1096,7 +1100,7 @@ def granting(state: State, uids: Set[int]) -> None:
             store,
             print,
             first=first,
-            previous=set(previous.values()),
+            previous=set(previous.values()) | lost,
         )
     finally:
         store.close()
