@@ -41,8 +41,8 @@ CHANGES := $(BUILD)/debadmin_$(VERSION)_$(shell dpkg --print-architecture).chang
 APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends
 
 # What the test pipeline itself runs (beyond the build dependencies).
-CHECK_DEPENDS := shellcheck python3-pytest radon lintian autopkgtest mmdebstrap uidmap sbuild faketime \
-	ansible-core ansible-lint
+CHECK_DEPENDS := shellcheck python3-pytest python3-hypothesis radon lintian autopkgtest mmdebstrap uidmap \
+	sbuild faketime ansible-core ansible-lint
 # make repo's tools (tests/integration/release uses them and piuparts too).
 REPO_DEPENDS := reprepro gnupg
 # What the integration tests use: the containers of tests/integration/lib, then per tool.

@@ -620,27 +620,41 @@ def scan(
 
 
 def grant_tree(
-    journal: Path, groups: Dict[str, int], uids: Set[int], store: Any, say: Callable[[str], None]
+    journal: Path,
+    groups: Dict[str, int],
+    uids: Set[int],
+    store: Any,
+    say: Callable[[str], None],
+    first: Set[int] = frozenset(),
+    previous: Set[int] = frozenset(),
 ) -> Tuple[walker.Skips, List[Tuple[str, str]]]:
     """Give every group read access and a default ACL, on each descriptor under journal.
 
-    Only what is missing is added (a named entry, the mask widened by the bits it needs).
-    Two walks: the first records in store what every inode to be changed holds now and
-    commits it, the second changes them (an inode that appeared in between is recorded
-    and committed on its own before it is changed).  A directory or file that refuses
-    its ACL (a full extended-attribute block: ENOSPC; EPERM; EROFS) is listed with the
-    reason and the walk goes on.  Returns what the walk skipped and what was refused.
+    Only what is missing is added (a named entry, the mask widened by the bits it needs,
+    no other entry gaining a right through it: walker.granted).  Two walks: the first
+    records in store what every inode to be changed holds now and commits it, the
+    second changes them (an inode that appeared in between is recorded and committed on
+    its own before it is changed).  Also recorded: an inode that holds entries of a
+    group applied for the first time (first), unchanged (so that revert keeps them), and
+    of an inode without a record, the groups applied before (previous) whose entries
+    it holds (inherited from apply's default ACLs: revert of them takes them off).  A
+    directory or file that refuses its ACL (a full extended-attribute block: ENOSPC;
+    EPERM; EROFS) is listed with the reason and the walk goes on.  Returns what the
+    walk skipped and what was refused.
     """
     gids = set(groups.values())
+    generation = acl_state().generation
 
     def changes(node: walker.Node):
         access, default = node.acls()
         new_access, new_default = walker.grant_all(
             access, default, node.st.st_gid, gids, node.is_dir
         )
+        holds = walker.named_gids(access) | walker.named_gids(default)
         return (
             new_access if new_access != access else None,
             new_default if new_default != default else None,
+            holds,
         )
 
     refused: List[Tuple[str, str]] = []
@@ -654,125 +668,32 @@ def grant_tree(
             store.begin()
             for node in walker.walk(fd, str(journal), uids, skips):
                 try:
-                    new_access, new_default = changes(node)
+                    new_access, new_default, holds = changes(node)
                     if new_access is None and new_default is None:
+                        if recording and holds & first:
+                            key = (node.st.st_ino, generation(node.fd))
+                            if store.lookup(*key) is None:
+                                store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), ())
                         continue
-                    raw = node.raw()
-                    key = (node.st.st_ino, acl_state().generation(node.fd))
-                    if recording:
-                        store.record(*key, node.is_dir, node.st.st_mode, *raw, gids)
-                        continue
-                    if store.lookup(*key) is None:  # new since the first walk
-                        store.record(*key, node.is_dir, node.st.st_mode, *raw, gids)
-                        store.commit()
+                    key = (node.st.st_ino, generation(node.fd))
+                    record = store.lookup(*key)
+                    if recording or record is None:
+                        later = holds & previous if record is None else ()
+                        store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), gids, later)
+                        if recording:
+                            continue
+                        store.commit()  # new since the first walk: on disk before its change
                         store.begin()
                     node.set_acls(new_access, new_default)
                 except walker.AclError as exc:
                     if recording:
                         continue  # the second walk meets it again and says why
                     refused.append((node.path, str(exc)))
-                    say(f"not granted: {exc}")
+                    say(f"not granted: {walker.shown(node.path)}: {exc.reason}")
             store.commit()
         finally:
             os.close(fd)
     return skips, refused
-
-
-def _revoke_recorded(
-    node: Any,
-    key: Tuple[int, int],
-    record: Any,
-    current: Tuple,
-    gone: Set[int],
-    store: Any,
-    dry_run: bool,
-) -> Optional[bool]:
-    """Revert an inode apply recorded: whether it changed; None when it no longer holds
-    what apply made of it (then it is stripped as any other)."""
-    _, mode, old_access, old_default, before = record
-    left = before - gone
-    base = walker.parse(old_access) or walker.from_mode(mode)
-    base_default = walker.parse(old_default)
-    made = walker.grant_all(base, base_default, node.st.st_gid, before, node.is_dir)
-    if made != current:
-        return None
-    if left == before:
-        return False  # apply granted it none of the reverted groups
-    if not left:
-        if not dry_run:
-            walker.restore(node, old_access, old_default, mode)
-            store.forget(*key)
-        return True
-    target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
-    if target == made:
-        return False
-    if not dry_run:
-        node.set_acls(target[0], target[1] if node.is_dir else None)
-        store.set_gids(*key, left)
-    return True
-
-
-def _revoke_node(node: Any, gone: Set[int], store: Any, dry_run: bool) -> bool:
-    """Undo apply for the gone gids on one inode; whether it changed (would change)."""
-    access_raw, default_raw = node.raw()
-    access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
-    default = walker.parse(default_raw)
-    key = (node.st.st_ino, acl_state().generation(node.fd))
-    record = store.lookup(*key)
-    if record is not None:
-        current = (access, default if node.is_dir else None)
-        changed = _revoke_recorded(node, key, record, current, gone, store, dry_run)
-        if changed is not None:
-            return changed
-    new_access = walker.strip_groups(access, gone, walker.from_mode(node.st.st_mode))
-    new_default = walker.strip_groups(default, gone) if node.is_dir else None
-    if new_access is None and new_default is None:
-        return False
-    if not dry_run:
-        node.set_acls(new_access, new_default)
-    return True
-
-
-def revoke_tree(
-    journal: Path,
-    reverted: Dict[str, int],
-    applied: Dict[str, int],
-    uids: Set[int],
-    store: Any,
-    dry_run: bool = False,
-) -> int:
-    """Undo apply for the reverted groups under journal, by descriptor.
-
-    An inode apply recorded that still holds what apply made of it (for the groups it
-    granted it) gets back exactly what it had, when none of those groups is left, or
-    what apply makes of that for the groups left.  Anything else that holds entries of the
-    reverted groups (a file journald created since, inheriting them; an inode changed
-    since apply) loses those entries, its mask narrowed to what is left and never
-    widened; a file left with no named entry gets the ACL of its mode.  Returns how many
-    paths changed (would change, with dry_run).
-    """
-    fd = open_journal(journal)
-    if fd is None:
-        return 0
-    gone = set(reverted.values())
-    skips = walker.Skips()
-    touched = 0
-    try:
-        require_magic_links(fd, journal)
-        if not dry_run and store.db is not None:
-            store.begin()
-        for node in walker.walk(fd, str(journal), uids, skips):
-            try:
-                touched += _revoke_node(node, gone, store, dry_run)
-            except walker.AclError as exc:
-                raise Error(str(exc)) from None
-        if not dry_run and store.db is not None:
-            store.commit()
-    finally:
-        os.close(fd)
-    for skip in skips.items():
-        log.warning("%s", skip.message)
-    return touched
 
 
 # --- the tmpfiles.d drop-in -----------------------------------------------------------------
@@ -996,6 +917,10 @@ def lock_path(root: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(root: Path, dry_run: bool) -> Any:
+    """The tool's lock file, and a lock on the journal's parent directory itself (its
+    inode, however the root is spelt: --root //, or a container's tree from the host
+    while the container runs its own apply).  Nothing with --dry-run: it writes
+    nothing, a lock file included."""
     if dry_run:
         yield
         return
@@ -1003,7 +928,20 @@ def locked(root: Path, dry_run: bool) -> Any:
     writable(path.parent)
     make_dirs(path.parent)
     with fsutil.locked(path):
-        yield
+        parent = contained(root, JOURNAL_DIR).parent
+        try:
+            fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1  # no /var/log: apply says so, revert has nothing to do
+        try:
+            if fd >= 0:
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
 
 def preflight(state: State) -> None:
@@ -1091,7 +1029,8 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
         steps.append(
             ("run systemd-tmpfiles --create --prefix=/var/log/journal", lambda: tmpfiles(root))
         )
-    if codes & {"journal-missing", "unreadable", "no-default-acl"}:
+    fresh = [n for n in state.groups if n != STOCK_GROUP and n not in applied_groups(root)]
+    if codes & {"journal-missing", "unreadable", "no-default-acl"} or (fresh and state.exists):
         names = ", ".join(f"{name} (gid {gid})" for name, gid in state.groups.items())
         uids = journal_uids(root)
         steps.append(
@@ -1129,16 +1068,40 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
     return steps
 
 
+def applied_groups(root: Path) -> Dict[str, int]:
+    """The groups the state database says were applied and not reverted, read only
+    ({} without a usable database)."""
+    store = acl_state().Store(root, create=False, read_only=True)
+    try:
+        return store.applied()
+    finally:
+        store.close()
+
+
 def granting(state: State, uids: Set[int]) -> None:
     """The grant step of apply: the state database opened, the groups recorded as
     applied (with those applied before), the tree walked, what it skipped logged and
     what refused an ACL kept for the exit status."""
     store = acl_state().Store(state.root, create=True)
     try:
+        previous = store.applied()
+        # A group the drop-in names was applied before, and its record lost (the state
+        # file deleted): its entries now are apply's, not the admin's, and are not kept.
+        before = set(read_tmpfiles_dropin(state.root) or {}) | set(previous) | {STOCK_GROUP}
+        first = {g for n, g in state.groups.items() if n not in before}
+        lost = {g for n, g in state.groups.items() if n in before and n not in previous}
         store.begin()
-        store.set_applied({**store.applied(), **state.groups})
+        store.set_applied({**previous, **state.groups})
         store.commit()
-        skips, refused = grant_tree(state.journal, state.groups, set(uids), store, print)
+        skips, refused = grant_tree(
+            state.journal,
+            state.groups,
+            set(uids),
+            store,
+            print,
+            first=first,
+            previous=set(previous.values()) | lost,
+        )
     finally:
         store.close()
     for skip in skips.items():
@@ -1149,7 +1112,9 @@ def granting(state: State, uids: Set[int]) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     root = Path(args.root)
     groups, unknown = resolve_known(wanted_groups(args, root), root)
-    state = inspect(root, groups)
+    # Constant memory however many files: the first CHECK_LISTED paths of each group and
+    # finding code are listed, the rest counted in one finding.
+    state = inspect(root, groups, keep=CHECK_LISTED)
     state.findings[:0] = unknown
     disabled = "storage-disabled" in state.codes()
     if args.json:
@@ -1183,8 +1148,9 @@ def quiet(args: argparse.Namespace) -> bool:
 
 # What apply tried and could not do for one path: listed, exit 1.  Anything else left
 # (a name swapped while it was walked) is an error, exit 2.
-NOT_GRANTED = {"unreadable", "no-default-acl", "unreadable-acl", "unreadable-file"}
+NOT_GRANTED = {"unreadable", "no-default-acl", "unreadable-acl", "unreadable-file", "bind-mount"}
 LISTED = 50  # paths listed per finding code once apply is done; the rest counted
+CHECK_LISTED = 10  # the same for check
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -1194,7 +1160,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     names = wanted_groups(args, root)
     groups, unknown = resolve_known(names, root)
     for item in unknown:
-        log.warning("%s", item["message"])
+        warn(item["message"])
     with locked(root, args.dry_run):
         configured = configured_groups(root) if args.group else names
         add_to_config = [n for n in groups if n not in configured]
@@ -1254,20 +1220,31 @@ def flush(root: Path, dry_run: bool, say: Callable[[str], None]) -> None:
 
 def resolve_revert_groups(
     names: Iterable[str], root: Path, applied: Optional[Dict[str, int]] = None
-) -> Dict[str, Optional[int]]:
+) -> Tuple[Dict[str, Optional[int]], List[str]]:
     """Like resolve_groups, but a group deleted since its apply may still be named: its
     lines in the drop-in, and its entries by the gid recorded at apply, are what is left
-    of it to remove (gid None)."""
+    of it to remove (gid None).  A name nothing knows (not a group, never applied) is
+    returned apart, for a warning: it blocks nothing."""
     present = dict(read_tmpfiles_dropin(root) or {})
     present.update(dict.fromkeys(applied or {}, True))
     resolved: Dict[str, Optional[int]] = {}
+    unknown: List[str] = []
     for name in names:
         validate_group_name(name)
         gid = lookup_group(name, root)
         if gid is None and name not in present:
-            raise Error(f"unknown group: {name}")
+            unknown.append(name)
+            continue
         resolved[name] = gid
-    return resolved
+    return resolved, unknown
+
+
+def warn(message: str) -> None:
+    """A warning -q does not hide (a group that is not there)."""
+    import sys
+
+    sys.stderr.write(f"{PROG}: warning: {message}\n")
+    sys.stderr.flush()
 
 
 def revert_dropin(root: Path, groups: Dict[str, Optional[int]]) -> List[Step]:
@@ -1313,49 +1290,111 @@ def cmd_revert(args: argparse.Namespace) -> int:
 
 
 def revert_locked(args: argparse.Namespace, root: Path, say: Callable[[str], None]) -> int:
-    store = acl_state().Store(root, create=False)
+    store = acl_state().Store(root, create=False, read_only=args.dry_run)
     try:
         return revert_with(args, root, say, store)
     finally:
         store.close()
 
 
-def _revoke_steps(
-    journal: Path, reverted: Dict[str, int], applied: Dict[str, int], root: Path, store: Any
-) -> List[Step]:
-    """Restoring the ACLs under the journal, when any would change (a read-only journal
-    refuses here, before the first write)."""
-    uids = journal_uids(root)
-    if not revoke_tree(journal, reverted, applied, uids, store, dry_run=True):
-        return []
-    fd = open_journal(journal)
-    if fd is not None:
-        os.close(fd)
-        not_read_only(journal)
-    return [
-        (
-            f"restore the ACLs under {journal} as they were before {', '.join(reverted)} "
-            "was applied (by file descriptor)",
-            lambda: revoke_tree(journal, reverted, applied, uids, store),
-        )
-    ]
+class Reverting:
+    """One revert of the tree: the groups, and what the walk left (problems)."""
+
+    def __init__(
+        self, journal: Path, gone: Dict[str, int], root: Path, store: Any, strip: bool
+    ) -> None:
+        self.journal, self.gone, self.store, self.strip = journal, gone, store, strip
+        self.uids = journal_uids(root)
+        self.problems: List[Tuple[Optional[str], str]] = []
+
+    def walk(self, dry_run: bool) -> int:
+        from debadmin.journal_acl_setup import revert
+
+        fd = open_journal(self.journal)
+        if fd is None:
+            return 0
+        try:
+            require_magic_links(fd, self.journal)
+            outcome = revert.revoke(
+                fd,
+                str(self.journal),
+                set(self.gone.values()),
+                self.uids,
+                self.store,
+                dry_run,
+                self.strip,
+            )
+        finally:
+            os.close(fd)
+        self.problems = outcome.problems
+        return outcome.touched
+
+    def steps(self) -> List[Step]:
+        """Restoring the ACLs under the journal, when any would change or a record is
+        left (a read-only journal refuses here, before the first write)."""
+        if not self.walk(dry_run=True) and not self.problems:
+            return []
+        fd = open_journal(self.journal)
+        if fd is not None:
+            os.close(fd)
+            not_read_only(self.journal)
+        names = ", ".join(self.gone)
+        if self.strip:
+            text = f"remove the ACL entries of {names} under {self.journal} (--strip)"
+        else:
+            text = (
+                f"restore the ACLs under {self.journal} as they were before {names} "
+                "was applied (by file descriptor)"
+            )
+        return [(text, lambda: self.walk(dry_run=False))]
+
+
+def refuse_without_state(
+    store: Any, journal: Path, unrecorded: Dict[str, int], root: Path
+) -> None:
+    """revert without a usable state database, where the tree holds the groups'
+    entries: nothing can be restored exactly, so nothing is changed."""
+    if not unrecorded:
+        return
+    probe = Reverting(journal, unrecorded, root, None, strip=True)
+    count = probe.walk(dry_run=True)
+    if not count:
+        return
+    what = "is empty" if store.path.exists() else "is missing"
+    names = ", ".join(unrecorded)
+    raise Error(
+        f"{store.path} {what}: what apply changed for {names} cannot be restored "
+        f"({count} path(s) under {journal} hold their ACL entries); nothing changed. "
+        f"'{PROG} revert --strip' would remove those entries and narrow the masks, "
+        "without restoring the ACLs, masks and modes they had before"
+    )
 
 
 def _store_steps(
-    store: Any, applied: Dict[str, int], reverted: Dict[str, int], remaining: Dict[str, int]
+    store: Any,
+    applied: Dict[str, int],
+    reverted: Dict[str, int],
+    remaining: Dict[str, int],
+    tree: Optional[Reverting],
 ) -> List[Step]:
     """Forgetting the reverted groups in the state database (removing it when none is
-    left)."""
+    left), once the tree is done: a group with a record left stays, for a later revert."""
     if store.db is None or not any(n in applied for n in reverted):
         return []
     writable(store.path.parent)
+
+    def finish() -> None:
+        if tree is not None and tree.problems and not tree.strip:
+            return  # records left: every group stays applied, the next revert finishes
+        if remaining:
+            forget_applied(store, remaining)
+        else:
+            store.remove()
+
     if not remaining:
-        return [(f"remove {store.path}", store.remove)]
+        return [(f"remove {store.path} (once nothing is left to restore)", finish)]
     return [
-        (
-            f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}",
-            lambda: forget_applied(store, remaining),
-        )
+        (f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}", finish)
     ]
 
 
@@ -1376,7 +1415,11 @@ def _configuration_steps(root: Path, groups: Dict[str, Optional[int]]) -> List[S
 
 
 def _run_steps(
-    args: argparse.Namespace, steps: List[Step], journal: Path, say: Callable[[str], None]
+    args: argparse.Namespace,
+    steps: List[Step],
+    journal: Path,
+    say: Callable[[str], None],
+    tree: Optional[Reverting],
 ) -> int:
     if not steps:
         say("nothing to change: nothing of the named groups is left to revert")
@@ -1387,17 +1430,39 @@ def _run_steps(
         else:
             action()
             say(f"done: {text}")
+    problems = tree.problems if tree is not None else []
+    for path, message in problems:
+        print(f"not restored: {message}" if path is None else f"not restored: {message}")
     if not args.dry_run:
         say(f"{journal} and the log files in it were left in place")
+    if problems:
+        print(
+            f"{PROG}: {len(problems)} finding(s): what apply changed there is not restored "
+            "yet; its record is kept, run revert again once they are fixed"
+        )
+        return EXIT_ACTION
     return EXIT_OK
+
+
+def revert_groups(
+    args: argparse.Namespace, root: Path, applied: Dict[str, int]
+) -> Dict[str, Optional[int]]:
+    """The groups a revert takes back; one nothing knows is a warning (an error when it
+    is the only one named)."""
+    names = revert_names(args, root)
+    if args.all:
+        names += [n for n in applied if n != STOCK_GROUP and n not in names]
+    groups, unknown = resolve_revert_groups(names, root, applied)
+    if unknown and not groups and not args.all:
+        raise Error(f"unknown group: {', '.join(unknown)}")
+    for name in unknown:
+        warn(f"group {name} does not exist and was never applied: nothing of it to revert")
+    return groups
 
 
 def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None], store) -> int:
     applied = store.applied()
-    names = revert_names(args, root)
-    if args.all:
-        names += [n for n in applied if n != STOCK_GROUP and n not in names]
-    groups = resolve_revert_groups(names, root, applied)
+    groups = revert_groups(args, root, applied)
     journal = root / JOURNAL_DIR
     # Every check before the first write: the drop-in and the configuration are only
     # touched once the tree can be (a read-only /var/log refuses the whole revert).
@@ -1412,16 +1477,25 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
         if name != STOCK_GROUP and (gid is not None or name in applied)
     }
     remaining = {n: g for n, g in applied.items() if n not in reverted}
-    if reverted:
-        steps += _revoke_steps(journal, reverted, applied, root, store)
-    steps += _store_steps(store, applied, reverted, remaining)
+    strip = getattr(args, "strip", False)
+    if strip:
+        gone = reverted
+    else:
+        # Only what apply recorded is restored; without a database nothing can be.
+        gone = {n: g for n, g in reverted.items() if n in applied}
+        if not store.usable:
+            refuse_without_state(store, journal, reverted, root)
+    tree = Reverting(journal, gone, root, store, strip) if gone else None
+    if tree is not None:
+        steps += tree.steps()
+    steps += _store_steps(store, applied, reverted, remaining, tree)
     dropin_steps = revert_dropin(root, groups)
     if dropin_steps:
         writable((root / TMPFILES_DROPIN).parent)
     steps += dropin_steps
     if not args.all:
         steps += _configuration_steps(root, groups)
-    return _run_steps(args, steps, journal, say)
+    return _run_steps(args, steps, journal, say, tree)
 
 
 def forget_applied(store: Any, remaining: Dict[str, int]) -> None:
@@ -1472,6 +1546,12 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="every group granted but adm, the configuration left as it is "
                 "(run on package removal)",
+            )
+            p.add_argument(
+                "--strip",
+                action="store_true",
+                help="without apply's record: remove the groups' ACL entries and narrow "
+                "the masks, restoring nothing",
             )
         if name != "check":
             p.add_argument(

@@ -23,15 +23,17 @@ import fcntl
 import os
 import sqlite3
 import struct
+import urllib.parse
 from pathlib import Path
 
 from debadmin.errors import Error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, Optional, Set, Tuple
+    from typing import Dict, Iterable, Iterator, Optional, Set, Tuple
 
-    Record = Tuple[int, int, bytes, bytes, Set[int]]  # is_dir, mode, access, default, gids
+    # is_dir, mode, access, default, gids granted, gids inherited from apply's defaults
+    Record = Tuple[int, int, bytes, bytes, Set[int], Set[int]]
 
 STATE_DIR = "var/lib/journal-acl-setup"
 STATE_FILE = "acl-state.sqlite"
@@ -40,7 +42,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS acl (
     ino INTEGER NOT NULL, gen INTEGER NOT NULL, is_dir INTEGER NOT NULL,
     mode INTEGER NOT NULL, access BLOB NOT NULL, dflt BLOB NOT NULL, gids TEXT NOT NULL,
-    PRIMARY KEY (ino, gen));
+    later TEXT NOT NULL DEFAULT '', PRIMARY KEY (ino, gen));
 CREATE TABLE IF NOT EXISTS applied (name TEXT PRIMARY KEY, gid INTEGER NOT NULL);
 """
 
@@ -61,22 +63,53 @@ def state_path(root: Path) -> Path:
     return root / STATE_DIR / STATE_FILE
 
 
-class Store:
-    """The state database, opened for one apply or revert (under the tool's lock)."""
+def _ids(text: str) -> Set[int]:
+    return {int(g) for g in text.split(",") if g}
 
-    def __init__(self, root: Path, create: bool) -> None:
+
+class Store:
+    """The state database, opened for one apply or revert (under the tool's lock).
+
+    create: apply's, made where missing.  Otherwise revert's, never created nor given
+    tables: with read_only (revert -n) opened read-only, nothing written.  usable says
+    whether it holds apply's tables (not: deleted, empty); db is None when not usable.
+    """
+
+    def __init__(self, root: Path, create: bool, read_only: bool = False) -> None:
         self.path = state_path(root)
         self.db: Optional[sqlite3.Connection] = None
+        self.usable = False
+        self.later = False
         if not create and not self.path.exists():
             return
         try:
             if create:
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.db = sqlite3.connect(str(self.path), isolation_level=None)
+                self.db = sqlite3.connect(str(self.path), isolation_level=None)
+            else:
+                mode = "ro" if read_only else "rw"
+                uri = "file:" + urllib.parse.quote(str(self.path)) + f"?mode={mode}"
+                self.db = sqlite3.connect(uri, isolation_level=None, uri=True)
             self.db.execute("PRAGMA synchronous=FULL")
-            self.db.executescript(SCHEMA)
+            tables = {
+                row[0] for row in self.db.execute("SELECT name FROM sqlite_master")
+            }
+            if create:
+                self.db.executescript(SCHEMA)
+            elif not {"acl", "applied"} <= tables:
+                self.db.close()
+                self.db = None
+                return
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(acl)")}
+            if "later" not in columns and not read_only:  # written by 0.4.1 or older
+                self.db.execute("ALTER TABLE acl ADD COLUMN later TEXT NOT NULL DEFAULT ''")
+            self.later = "later" in columns or not read_only
         except (OSError, sqlite3.Error) as exc:
+            if self.db is not None:
+                self.db.close()
+                self.db = None
             raise Error(f"cannot open {self.path}: {exc}") from None
+        self.usable = True
 
     def close(self) -> None:
         if self.db is not None:
@@ -108,14 +141,24 @@ class Store:
         access: bytes,
         dflt: bytes,
         gids: Iterable[int],
+        later: Iterable[int] = (),
     ) -> None:
         """Keep what an inode held before its first change and the groups apply granted
-        it: a later call adds groups, never changes what it held."""
+        it: a later call adds groups, never changes what it held.  later: the groups
+        applied before whose entries it holds without a record, inherited from a
+        default ACL apply gave its directory (what revert of them takes off).  A record
+        of nothing granted (kept: the inode held a group's entries before its first
+        apply) is replaced by what the inode holds now."""
         record = self.lookup(ino, gen)
-        if record is None:
+        if record is None or not record[4] and (record[1], record[2], record[3]) != (
+            mode,
+            access,
+            dflt,
+        ):
             self._run(
-                "INSERT INTO acl VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (ino, gen, int(is_dir), mode, access, dflt, _text(gids)),
+                "INSERT OR REPLACE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later)),
             )
         elif not set(gids) <= record[4]:
             self.set_gids(ino, gen, record[4] | set(gids))
@@ -123,17 +166,38 @@ class Store:
     def set_gids(self, ino: int, gen: int, gids: Iterable[int]) -> None:
         self._run("UPDATE acl SET gids = ? WHERE ino = ? AND gen = ?", (_text(gids), ino, gen))
 
+    def set_base(self, ino: int, gen: int, access: bytes, dflt: bytes, mode: int, later) -> None:
+        """What an inode is to get back, once the inherited entries of a group reverted
+        are taken out of it."""
+        self._run(
+            "UPDATE acl SET access = ?, dflt = ?, mode = ?, later = ? WHERE ino = ? AND gen = ?",
+            (access, dflt, mode, _text(later), ino, gen),
+        )
+
     def lookup(self, ino: int, gen: int) -> Optional[Record]:
         if self.db is None:
             return None
+        later = "later" if self.later else "''"
         row = self.db.execute(
-            "SELECT is_dir, mode, access, dflt, gids FROM acl WHERE ino = ? AND gen = ?",
+            f"SELECT is_dir, mode, access, dflt, gids, {later} FROM acl WHERE ino = ? AND gen = ?",
             (ino, gen),
         ).fetchone()
         if row is None:
             return None
-        gids = {int(g) for g in row[4].split(",") if g}
-        return (row[0], row[1], bytes(row[2]), bytes(row[3]), gids)
+        return (row[0], row[1], bytes(row[2]), bytes(row[3]), _ids(row[4]), _ids(row[5]))
+
+    def holding(self, gids: Set[int]) -> Iterator[Tuple[int, int, str]]:
+        """The records that still name one of gids (granted or inherited), one at a
+        time: (ino, gen, what they name)."""
+        if self.db is None:
+            return
+        later = "later" if self.later else "''"
+        for ino, gen, granted, inherited in self.db.execute(
+            f"SELECT ino, gen, gids, {later} FROM acl"
+        ):
+            named = (_ids(granted) | _ids(inherited)) & gids
+            if named:
+                yield ino, gen, _text(named)
 
     def forget(self, ino: int, gen: int) -> None:
         self._run("DELETE FROM acl WHERE ino = ? AND gen = ?", (ino, gen))

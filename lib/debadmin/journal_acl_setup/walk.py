@@ -66,7 +66,12 @@ OPEN_FILES = -1  # _walk's here for a walk that opens every file (apply, revert)
 
 
 class AclError(Exception):
-    """An ACL that cannot be read or written (the caller turns it into an Error)."""
+    """An ACL that cannot be read or written (the caller turns it into an Error);
+    reason: why, without the path."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def entries(acl: posix1e.ACL) -> Optional[Entries]:
@@ -209,9 +214,8 @@ class Node:
             if default is not None and self.is_dir:
                 to_acl(default).applyto(magic_link(self.fd), posix1e.ACL_TYPE_DEFAULT)
         except OSError as exc:
-            raise AclError(
-                f"cannot set the ACL of {shown(self.path)}: {_proc_hint(exc)}"
-            ) from None
+            reason = _proc_hint(exc)
+            raise AclError(f"cannot set the ACL of {shown(self.path)}: {reason}", reason) from None
 
 
 def restore(node: "Node", access: bytes, default: bytes, mode: int) -> None:
@@ -239,9 +243,8 @@ def restore(node: "Node", access: bytes, default: bytes, mode: int) -> None:
         if stat.S_IMODE(os.fstat(node.fd).st_mode) != stat.S_IMODE(mode):
             os.fchmod(node.fd, stat.S_IMODE(mode))
     except OSError as exc:
-        raise AclError(
-            f"cannot restore the ACL of {shown(node.path)}: {_proc_hint(exc)}"
-        ) from None
+        reason = _proc_hint(exc)
+        raise AclError(f"cannot restore the ACL of {shown(node.path)}: {reason}", reason) from None
 
 
 def group_can(entries: Optional[Entries], owner_gid: int, gid: int, want: int, default=False):
@@ -276,18 +279,52 @@ def _group_class(entries: Entries) -> int:
 
 
 def granted(entries: Entries, gid: int, want: int) -> Entries:
-    """entries plus a named entry giving gid want, the mask widened by want and no more.
+    """entries plus a named entry giving gid want, the mask widened by want and no more,
+    and nobody else gaining a right through the wider mask.
 
     As setfacl -n: an existing mask is kept, only the bits the new entry needs are
     added to it, so a 0640 journal file keeps its r-- mask (setfacl's recalculation
     would make it r-x from adm's inherited r-x entry).  An ACL without a mask gets one
     covering its group class, as the kernel requires once it holds a named entry.
+
+    Where the mask must widen, every other entry of the group class (named users and
+    groups, the owning group) is lowered to what it had through the old mask: a
+    user:X:r-- behind mask::--- becomes user:X:---, so X reads no more than before.  The
+    group's own entry keeps what it had through the old mask plus want.  The same in any
+    order of groups: the mask widens once, by the same bits, from the same old mask.
     """
     result = dict(entries)
-    result[(GROUP, gid)] = result.get((GROUP, gid), 0) | want
     mask = result.get((MASK, UNDEFINED))
-    result[(MASK, UNDEFINED)] = (_group_class(entries) if mask is None else mask) | want
+    if mask is None:  # no named entry yet: the group class is the owning group alone
+        result[(GROUP, gid)] = result.get((GROUP, gid), 0) | want
+        result[(MASK, UNDEFINED)] = _group_class(entries) | want
+        return result
+    if mask | want != mask:
+        for key, perm in entries.items():
+            if key[0] in (USER, GROUP_OBJ, GROUP) and key != (GROUP, gid):
+                result[key] = perm & mask
+    result[(GROUP, gid)] = (result.get((GROUP, gid), 0) & mask) | want
+    result[(MASK, UNDEFINED)] = mask | want
     return result
+
+
+def effective(entries: Optional[Entries]) -> Dict[Tuple[int, int], int]:
+    """What each entry grants once masked: (tag, id) -> rwx bits (the owner and other
+    entries are never masked)."""
+    if entries is None:
+        return {}
+    mask = entries.get((MASK, UNDEFINED), 7)
+    return {
+        key: perm & mask if key[0] in (USER, GROUP_OBJ, GROUP) else perm
+        for key, perm in entries.items()
+        if key[0] != MASK
+    }
+
+
+def _named_can(entries: Optional[Entries], gid: int, want: int) -> bool:
+    if entries is None or (GROUP, gid) not in entries:
+        return False
+    return entries[(GROUP, gid)] & entries.get((MASK, UNDEFINED), 7) & want == want
 
 
 def default_base(access: Entries) -> Entries:
@@ -306,16 +343,25 @@ def grant_all(
     access: Entries, default: Optional[Entries], owner_gid: int, gids, is_dir: bool
 ) -> Tuple[Entries, Optional[Entries]]:
     """What apply makes of an access and default ACL for gids: each group that cannot
-    read gets a named entry (and a default one on a directory), the mask widened by the
-    bits it needs.  The same for any order of gids: revert recomputes it."""
+    read gets a named entry (and a default one on a directory, unless its own named
+    entry there already gives it what it needs), the mask widened by the bits it needs.
+    The same for any order of gids, in one apply or several: revert recomputes it."""
     want = R | X if is_dir else R
     new_access, new_default = access, default
     for gid in sorted(gids):
         if not group_can(new_access, owner_gid, gid, want):
             new_access = granted(new_access, gid, want)
-        if is_dir and not group_can(new_default, owner_gid, gid, want, default=True):
+        # A default ACL counts through the group's own named entry only: one apply
+        # making a default ACL for another group would otherwise decide for this one
+        # through the owning group's entry, and the result would depend on the order.
+        if is_dir and not _named_can(new_default, gid, want):
             new_default = granted(new_default or default_base(access), gid, want)
     return new_access, new_default
+
+
+def named_gids(entries: Optional[Entries]) -> Set[int]:
+    """The gids entries name."""
+    return {ident for tag, ident in (entries or {}) if tag == GROUP}
 
 
 def _named(entries: Entries) -> bool:
@@ -328,17 +374,40 @@ def strip_groups(
     """entries without the named entries of gids, for an inode apply did not record (a
     file journald made after apply, inheriting the default ACL): the mask narrowed to
     what the entries left need and never wider than it was; with no named entry left,
-    minimal (the ACL of the mode) or, for a default ACL (minimal None), no mask.  None
-    when there is nothing of gids to remove."""
+    the owner, owning group (through the mask, as it read) and other entries, or for a
+    default ACL (minimal None) the same without a mask.  minimal only says it is an
+    access ACL.  None when there is nothing of gids to remove."""
     rest = without(entries, gids)
     if rest is None:
         return None
     mask = rest.pop((MASK, UNDEFINED), None)
     if not _named(rest):
-        return rest if minimal is None else minimal
+        if minimal is not None and mask is not None:
+            rest[(GROUP_OBJ, UNDEFINED)] = rest.get((GROUP_OBJ, UNDEFINED), 0) & mask
+        return rest
     if mask is not None:
         rest[(MASK, UNDEFINED)] = mask & _group_class(rest)
     return rest
+
+
+def attribute(entries: Optional[Entries]) -> bytes:
+    """The attribute the kernel keeps for entries: none (b"") for none or for an ACL
+    the permission bits hold alone (owner, owning group and other only)."""
+    if entries is None or not _named(entries) and (MASK, UNDEFINED) not in entries:
+        return b""
+    return posixacl.pack(entries)
+
+
+def mode_of(entries: Entries, mode: int) -> int:
+    """mode with the permission bits an access ACL sets: the owner's, the mask's (or the
+    owning group's without a mask) and other's; the file type and special bits kept."""
+    group = entries.get((MASK, UNDEFINED), entries.get((GROUP_OBJ, UNDEFINED), 0))
+    return (
+        (mode & ~0o777)
+        | entries.get((USER_OBJ, UNDEFINED), 0) << 6
+        | group << 3
+        | entries.get((OTHER, UNDEFINED), 0)
+    )
 
 
 # --- the walk --------------------------------------------------------------------------------
@@ -493,6 +562,17 @@ def _refused(
     # a file's st_dev is its layer's, not the mount's.  A file bind-mounted here
     # takes root, as any mount does.
     if is_dir and mount[1] is not None and (st.st_dev != mount[0] or mount_id(fd) != mount[1]):
+        if st.st_dev == mount[0]:
+            # The same filesystem on another mount: a bind mount, which may bring a
+            # directory from outside the journal (or the journal itself) here.  What it
+            # holds is not checked, so check does not call the tree fine.
+            return Skip(
+                "bind-mount",
+                path,
+                f"{shown(path)} is a bind mount: not walked, left alone, what it holds "
+                "not checked",
+                action=True,
+            )
         return Skip(
             "skipped-mount",
             path,

@@ -1,0 +1,239 @@
+"""journal-acl-setup: revert, the journal tree given back as apply found it.
+
+For each directory and file under the journal, by descriptor (walk.walk):
+
+- apply recorded it (state.Store) and it still holds exactly what apply made of the
+  record for the groups it granted it: it gets the record back, byte for byte (ACL,
+  default ACL, mode), once none of those groups is left, else what apply makes of the
+  record for the groups left.  Entries of a reverted group it inherited from a default
+  ACL apply gave (recorded as inherited) are taken out of the record first.
+- apply recorded it and it was changed since (by hand): the reverted groups' entries
+  apply added go, an entry the group had before gets its old rights back, the mask is
+  narrowed to what is left; everything else stays as the admin left it.
+- apply did not record it (a file made since, inheriting its directory's default ACL):
+  it loses the entries of the reverted groups that its directory's default ACL holds
+  from apply, and nothing else.
+
+A recorded inode the walk does not meet (moved out, hard-linked since, skipped) or
+that refuses its ACL keeps its record and is a problem: revert says so, exits 1, and a
+later revert finishes the job.  --strip (strip=True) ignores the records: every entry
+of the groups goes, masks narrowed, nothing restored.
+"""
+
+from __future__ import annotations  # annotations stay text: typing is never imported
+
+import os
+
+from debadmin.journal_acl_setup import walk as walker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Set, Tuple
+
+    Entries = Dict[Tuple[int, int], int]
+
+G = walker.GROUP
+
+
+class Outcome:
+    """What one revert walk did: paths changed (would change), problems as (path or
+    None, message), the records it met (their keys)."""
+
+    __slots__ = ("touched", "problems", "met")
+
+    def __init__(self) -> None:
+        self.touched = 0
+        self.problems: List[Tuple[Optional[str], str]] = []
+        self.met: Set[Tuple[int, int]] = set()
+
+
+def _gids_in(entries: Optional[Entries]) -> Set[int]:
+    return {ident for tag, ident in (entries or {}) if tag == G}
+
+
+def _put_back(
+    entries: Optional[Entries], base: Optional[Entries], gids: Set[int], access: bool
+) -> Optional[Entries]:
+    """entries with the gids' entries as base had them (taken out where base had none),
+    the mask narrowed to what is left; None when nothing changes."""
+    if entries is None:
+        return None
+    base = base or {}
+    result = walker.strip_groups(entries, gids, {} if access else None)
+    if result is None:
+        return None
+    back = {(G, g): base[(G, g)] for g in gids if (G, g) in base}
+    if back:
+        result = dict(result)
+        result.update(back)
+        mask = entries.get((walker.MASK, walker.UNDEFINED))
+        if mask is not None:
+            result[(walker.MASK, walker.UNDEFINED)] = mask
+    return None if result == entries else result
+
+
+def revoke(
+    journal_fd: int,
+    journal: str,
+    gone: Set[int],
+    uids: Set[int],
+    store: Any,
+    dry_run: bool,
+    strip: bool = False,
+) -> Outcome:
+    """Revert the groups gone under the directory open as journal_fd (the caller
+    closes it).  See the module's docstring."""
+    outcome = Outcome()
+    skips = walker.Skips()
+    from_apply: Dict[str, Set[int]] = {}  # directory -> gids its default ACL has from apply
+    state = None if strip else store
+    if state is not None and state.db is not None and not dry_run:
+        state.begin()
+    for node in walker.walk(journal_fd, journal, uids, skips):
+        parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
+        try:
+            if _node(node, gone, state, parent, from_apply, outcome, dry_run):
+                outcome.touched += 1
+        except walker.AclError as exc:
+            outcome.problems.append((node.path, f"not restored: {exc} (its record is kept)"))
+    if state is not None and state.db is not None:
+        if not dry_run:
+            state.commit()
+        unmet = 0
+        for ino, gen, _named in state.holding(gone):
+            if (ino, gen) not in outcome.met:
+                unmet += 1
+        if unmet:
+            outcome.problems.append(
+                (
+                    None,
+                    f"{unmet} file(s) or directories apply changed were not found under "
+                    f"{walker.shown(journal)} as apply left them (moved out, hard-linked "
+                    "since, or skipped): their records are kept for a later revert",
+                )
+            )
+    for skip in skips.items():
+        if skip.code == "skipped-hardlink" or skip.action:
+            outcome.problems.append((skip.path, skip.message))
+    return outcome
+
+
+def _node(
+    node: walker.Node,
+    gone: Set[int],
+    store: Any,
+    parent: Set[int],
+    from_apply: Dict[str, Set[int]],
+    outcome: Outcome,
+    dry_run: bool,
+) -> bool:
+    """Revert one inode; whether it changed (would change)."""
+    access_raw, default_raw = node.raw()
+    access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
+    default = walker.parse(default_raw) if node.is_dir else None
+    record = None
+    if store is not None and store.db is not None:
+        from debadmin.journal_acl_setup import state as acl_state
+
+        key = (node.st.st_ino, acl_state.generation(node.fd))
+        record = store.lookup(*key)
+    if record is None:
+        strip = gone if store is None else gone & parent
+        if node.is_dir:
+            from_apply[node.path] = parent & walker.named_gids(default)
+        return _set(node, access, default, strip, None, None, dry_run)
+    _, mode, _, _, gids, later = record
+    base = walker.parse(record[2]) or walker.from_mode(mode)
+    base_default = walker.parse(record[3]) if node.is_dir else None
+    made = walker.grant_all(base, base_default, node.st.st_gid, gids, node.is_dir)
+    if node.is_dir:
+        from_apply[node.path] = later | {
+            g for g in gids if (base_default or {}).get((G, g)) != (made[1] or {}).get((G, g))
+        }
+    hit = gone & (gids | later)
+    if not hit:
+        return False
+    outcome.met.add(key)
+    if made != (access, default):
+        # Changed since apply: take off what apply gave, leave the rest as it is.
+        changed = _set(node, access, default, hit, base, base_default, dry_run)
+        if not dry_run:
+            store.forget(*key)
+        return changed
+    return _restore(node, key, record, made, gone, store, dry_run)
+
+
+def _set(
+    node: walker.Node,
+    access: Entries,
+    default: Optional[Entries],
+    gids: Set[int],
+    base: Optional[Entries],
+    base_default: Optional[Entries],
+    dry_run: bool,
+) -> bool:
+    """Take the entries of gids off the inode, or give them back what base had; whether
+    that changes it."""
+    new_access = _put_back(access, base, gids, True)
+    new_default = _put_back(default, base_default, gids, False) if node.is_dir else None
+    if new_access is None and new_default is None:
+        return False
+    if not dry_run:
+        node.set_acls(new_access, new_default)
+    return True
+
+
+def _restore(
+    node: walker.Node,
+    key: Tuple[int, int],
+    record: Any,
+    made: Tuple[Entries, Optional[Entries]],
+    gone: Set[int],
+    store: Any,
+    dry_run: bool,
+) -> bool:
+    """An inode that holds what apply made of its record: the record back, without
+    the entries it inherited from the groups gone, or what apply makes of that for the
+    groups left."""
+    _, mode, old_access, old_default, gids, later = record
+    base = walker.parse(old_access) or walker.from_mode(mode)
+    base_default = walker.parse(old_default) if node.is_dir else None
+    inherited = gone & later
+    if inherited:
+        # Entries it inherited from apply's default ACL: not part of what it gets back.
+        stripped = walker.strip_groups(base, inherited, {})
+        if stripped is not None:
+            base, mode = stripped, walker.mode_of(stripped, mode)
+            old_access = walker.attribute(base)
+        stripped = walker.strip_groups(base_default, inherited)
+        if stripped is not None:
+            base_default, old_default = stripped, walker.posixacl.pack(stripped)
+        if not dry_run:
+            store.set_base(*key, old_access, old_default, mode, later - gone)
+    left = gids - gone
+    if not left:
+        if not dry_run:
+            walker.restore(node, old_access, old_default, mode)
+            if walker.named_gids(base) | walker.named_gids(base_default):
+                # What it held before holds a group's entries: kept, so that a revert of
+                # that group knows they were there before its apply.
+                store.set_gids(*key, ())
+            else:
+                store.forget(*key)
+        return True
+    target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
+    if target == made:
+        return bool(inherited)
+    if not dry_run:
+        node.set_acls(target[0], target[1] if node.is_dir else None)
+        store.set_gids(*key, left)
+    return True
+
+
+def stripped_paths(journal_fd: int, journal: str, gone: Set[int], uids: Set[int]) -> int:
+    """How many paths under the journal hold an entry of gone (what --strip changes)."""
+    return revoke(journal_fd, journal, gone, uids, None, dry_run=True, strip=True).touched
+
+
+def close(fd: int) -> None:
+    os.close(fd)
