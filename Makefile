@@ -267,7 +267,7 @@ repo:
 	by=$${publisher:-$$(dpkg-parsechangelog -S Maintainer)}; \
 	start=$$(date +%s); \
 	for r in $(REPO_RELEASES); do \
-		c=$$(ls $(BUILD)/sbuild-$$r/*.changes 2>/dev/null | grep -v _source.changes | head -n1); \
+		c=$$(ls $(BUILD)/sbuild-$$r/*.changes 2>/dev/null | head -n1); \
 		if [ -n "$$c" ] && grep -qxF "Changed-By: $$by" "$$c"; then \
 			echo "=== make repo: $$r: using the build $$c ($$(( $$(date +%s) - start )) s)"; continue; fi; \
 		[ -z "$$c" ] || echo "=== make repo: $$r: $$c is not by $$by: building again"; \
@@ -278,8 +278,8 @@ repo:
 	rm -rf $(BUILD)/repo.new $(BUILD)/repo.new.reprepro; \
 	DEBADMIN_REPO_START=$$start DEBADMIN_REPO_PUBLISHER="$$publisher" build-aux/make-repo \
 		$(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo.new \
-		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do \
-			case $$c in *_source.changes) ;; *) echo $(r)=$$c ;; esac; done)) || exit; \
+		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do echo $(r)=$$c; done)) \
+		|| exit; \
 	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro; \
 	mv $(BUILD)/repo.new.reprepro $(BUILD)/repo.reprepro; \
 	mv $(BUILD)/repo.new $(BUILD)/repo; \
