@@ -254,7 +254,7 @@ REPO_RELEASES := bookworm trixie
 SIGNING_KEY ?=
 repo:
 	@for c in reprepro:reprepro gpg:gnupg; do \
-		command -v $${c%%:*} >/dev/null && continue; \
+		[ -x "$$(command -v $${c%%:*})" ] && continue; \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "=== make repo: installing $${c#*:} (for $${c%%:*})"; \
 			$(APT) install $${c#*:} >/dev/null || exit 2; \
