@@ -18,7 +18,10 @@ MAN_PAGES = sorted(p.name for p in (SRC / "man").iterdir() if re.search(r"\.[1-8
 NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
 
 # Every debadmin release the changelog records; the first is the tree's.
-RELEASES = re.findall(r"^debadmin \(([^)]+)\)", CHANGELOG, re.M)
+# A per-release build (make sbuild) adds an entry VERSION~debNNuN: the release is VERSION.
+RELEASES = [
+    re.sub(r"~deb\d+u\d+$", "", v) for v in re.findall(r"^debadmin \(([^)]+)\)", CHANGELOG, re.M)
+]
 VERSION = RELEASES[0]
 # Programs whose versions README names beside debadmin's own.
 OTHER_PROGRAMS = {"sbuild", "fwupd", "util-linux", "Python", "python3", "lintian", "mmdebstrap"}
