@@ -8,10 +8,12 @@
 #                  install, integration tests
 #   make repo      the signed apt repository build/repo/ (suites bookworm and trixie, component
 #                  main, public key build/repo/debadmin-archive-keyring.asc) from the sbuild
-#                  builds in build/sbuild-RELEASE/ (made first where missing), by reprepro.
-#                  Signed with your key: make repo SIGNING_KEY=<fingerprint> (from your
-#                  GnuPG keyring, GNUPGHOME); without SIGNING_KEY with a throwaway key, and it
-#                  says so: such a repository is for tests, never for publishing.
+#                  builds in build/sbuild-RELEASE/ (made first where missing), by reprepro
+#                  (installed first as root), about 15 min on 2 cores with both builds.
+#                  Signed with your key and in your name: make repo SIGNING_KEY=<fingerprint>
+#                  DEBFULLNAME='Name' DEBEMAIL=address (key from your GnuPG keyring, GNUPGHOME;
+#                  the name is the builds' Maintainer); without SIGNING_KEY with a throwaway
+#                  key, and it says so: such a repository is for tests, never for publishing.
 #   make previous  the previous release (PREVIOUS_TAG) built from git into build/previous/,
 #                  for the upgrade tests
 #   Run as a normal user with sudo, build/ stays the user's.
@@ -132,9 +134,13 @@ COPY_TREE = tar -c --mode=go-w --exclude=./build --exclude=./build-trixie --excl
 	--exclude=__pycache__ --exclude=.pytest_cache --exclude='*.egg-info' . | tar -x -C
 
 # Build from a copy of the tree so that the .debs land in build/, not in ..
+# Only what this build makes goes first: the files directly in build/ (the .debs, the
+# source, .changes, .buildinfo); build/repo, build/sbuild-* and build/previous stay.
 build:
 	$(need_builddeps)
-	rm -rf $(BUILD)
+	rm -rf $(BUILD)/debadmin-$(VERSION)
+	[ ! -d $(BUILD) ] || find $(BUILD) -maxdepth 1 -type f \( -name '*.deb' -o -name '*.changes' \
+		-o -name '*.buildinfo' -o -name '*.dsc' -o -name 'debadmin_*.tar.*' \) -delete
 	mkdir -p $(BUILD)/debadmin-$(VERSION)
 	$(COPY_TREE) $(BUILD)/debadmin-$(VERSION)
 	cd $(BUILD)/debadmin-$(VERSION) && dpkg-buildpackage -us -uc
@@ -244,22 +250,48 @@ trixie-run:
 	$(call give_back,$(TRIXIE))
 
 # The signed apt repository, from the sbuild builds of every release (release-specific
-# versions, see HACKING.md "Releases"); a normal user can make it.
+# versions, see HACKING.md "Releases"); a normal user can make it. reprepro and gpg are
+# installed when missing (as root; a normal user is told the package). A build in
+# build/sbuild-RELEASE/ is used when it names the same publisher (DEBFULLNAME, DEBEMAIL;
+# without them the source's Maintainer), else made again. A line per stage, with the
+# time since the start; the last line names what was made.
 REPO_RELEASES := bookworm trixie
 SIGNING_KEY ?=
 repo:
-	$(call need,reprepro gpg,check-deps)
-	@for r in $(REPO_RELEASES); do \
-		ls $(BUILD)/sbuild-$$r/*.changes >/dev/null 2>&1 || \
-			$(MAKE) --no-print-directory sbuild RELEASE=$$r || exit; \
+	@for c in reprepro:reprepro gpg:gnupg; do \
+		[ -x "$$(command -v $${c%%:*})" ] && continue; \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "=== make repo: installing $${c#*:} (for $${c%%:*})"; \
+			$(APT) install $${c#*:} >/dev/null || exit 2; \
+		else echo "make $@: $${c%%:*} is not installed: sudo apt-get install $${c#*:}" >&2; exit 2; fi; \
 	done
-	rm -rf $(BUILD)/repo.new $(BUILD)/repo.new.reprepro
-	build-aux/make-repo $(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo.new \
-		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do echo $(r)=$$c; done))
-	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro
-	mv $(BUILD)/repo.new.reprepro $(BUILD)/repo.reprepro
-	mv $(BUILD)/repo.new $(BUILD)/repo
-	$(call give_back,$(BUILD))
+	@publisher=$$(build-aux/sbuild-release --publisher) || exit 2; \
+	if [ -n "$(SIGNING_KEY)" ] && [ -z "$$publisher" ]; then \
+		echo "make $@: SIGNING_KEY given: name the publisher too, as dch reads them:" \
+			"make repo SIGNING_KEY=... DEBFULLNAME='Your Name' DEBEMAIL=you@example.org" >&2; exit 2; fi; \
+	by=$${publisher:-$$(dpkg-parsechangelog -S Maintainer)}; \
+	start=$$(date +%s); \
+	for r in $(REPO_RELEASES); do \
+		c=$$(ls $(BUILD)/sbuild-$$r/*.changes 2>/dev/null | head -n1); \
+		if [ -n "$$c" ] && grep -qxF "Changed-By: $$by" "$$c"; then \
+			echo "=== make repo: $$r: using the build $$c ($$(( $$(date +%s) - start )) s)"; continue; fi; \
+		[ -z "$$c" ] || echo "=== make repo: $$r: $$c is not by $$by: building again"; \
+		echo "=== make repo: $$r: make sbuild RELEASE=$$r (sbuild, unit tests, lintian: about 7 min)"; \
+		$(MAKE) --no-print-directory sbuild RELEASE=$$r || exit; \
+		echo "=== make repo: $$r: built ($$(( $$(date +%s) - start )) s)"; \
+	done; \
+	rm -rf $(BUILD)/repo.new $(BUILD)/repo.new.reprepro; \
+	DEBADMIN_REPO_START=$$start DEBADMIN_REPO_PUBLISHER="$$publisher" build-aux/make-repo \
+		$(if $(SIGNING_KEY),--key $(SIGNING_KEY)) $(BUILD)/repo.new \
+		$(foreach r,$(REPO_RELEASES),$$(for c in $(BUILD)/sbuild-$(r)/*.changes; do echo $(r)=$$c; done)) \
+		|| exit; \
+	rm -rf $(BUILD)/repo $(BUILD)/repo.reprepro; \
+	mv $(BUILD)/repo.new.reprepro $(BUILD)/repo.reprepro; \
+	mv $(BUILD)/repo.new $(BUILD)/repo; \
+	$(call give_back,$(BUILD)); \
+	echo "=== make repo: done in $$(( $$(date +%s) - start )) s: publish $(BUILD)/repo/" \
+		"(dists/, pool/; public key $(BUILD)/repo/debadmin-archive-keyring.asc);" \
+		"reprepro's state for the next run: $(BUILD)/repo.reprepro/"
 
 # The previous release, for the upgrade tests: built from its tag (a fresh clone may
 # have no tags: then from its commit), without its unit tests. Its packages are all

@@ -189,3 +189,26 @@ def test_sbuild_fast_offers_its_chroots(completions, tmp_path, monkeypatch):
     }
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "none"))
     assert complete(completions, "sbuild-fast", "remove", "") == system
+
+
+def test_fixed_values_the_tool_documents(completions):
+    """Values a tool checks itself, offered from its own tables: netboot-serialize's
+    --default entries and its --console DEVICE,BAUD (each offer the tool accepts)."""
+    from debadmin.netboot_serialize import settings
+
+    entries = set(settings.ENTRIES)
+    assert complete(completions, "netboot-serialize", "--default", "") == entries
+    assert complete(completions, "netboot-serialize", "--default", "=", "ex") == {"expert"}
+    devices = complete(completions, "netboot-serialize", "--console", "")
+    assert {"ttyS0,", "ttyS31,", "ttyAMA0,", "hvc7,", "ttyUSB9,"} <= devices
+    assert "ttyS32," not in devices and len(devices) == 58
+    assert complete(completions, "netboot-serialize", "-c", "ttyAMA") == {
+        f"ttyAMA{n}," for n in range(4)
+    }
+    speeds = complete(completions, "netboot-serialize", "--console", "=", "ttyS1,1")
+    assert {"ttyS1,115200n8", "ttyS1,115200", "ttyS1,19200n8", "ttyS1,1200"} <= speeds
+    assert all(s.startswith("ttyS1,1") for s in speeds)
+    for spec in {d + "115200n8" for d in devices} | complete(
+        completions, "netboot-serialize", "-c", "hvc0,"
+    ):
+        settings.parse_console(spec)  # raises on a value the tool refuses

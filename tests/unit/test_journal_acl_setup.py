@@ -584,6 +584,9 @@ def test_explicit_storage_stands(tmp_path, capsys, caplog, storage):
     report = json.loads(out)
     assert rc == 3 and [f["code"] for f in report["findings"]] == ["storage-disabled"]
     assert report["findings"][0]["subject"] == str(conf)
+    rc, out, _ = run_tool(capsys, "check", "--root", str(root))
+    assert rc == 3 and out.startswith(f"not applicable: journald Storage={storage} (set in")
+    assert "action:" not in out
     rc, out, err = run_tool(capsys, "apply", "--root", str(root))
     assert rc == 0 and f"Storage={storage}" in caplog.text
     assert os.listdir(conf.parent) == ["local.conf"]

@@ -42,8 +42,13 @@ def snapshot(top: Path) -> dict:
 
 
 def copy_fixture(flavour: str, dest: Path) -> Path:
-    """A copy of a real tree's configuration files with the symlinks as Debian ships them."""
+    """A copy of a real tree's configuration files with the symlinks as Debian ships them,
+    with the modes Debian ships (no group or other write), whatever the checkout's umask:
+    Python 3.13's tar filter drops those bits, and the tests compare modes."""
     shutil.copytree(DATA / flavour, dest, symlinks=True)
+    for path in [dest, *dest.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(stat.S_IMODE(path.stat().st_mode) & ~0o022)
     for line in (DATA / "symlinks").read_text().splitlines():
         path, target = line.split()
         (dest / path).parent.mkdir(parents=True, exist_ok=True)

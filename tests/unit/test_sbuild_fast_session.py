@@ -4,6 +4,7 @@ argv, the id ranges, the tmpfs decision and the sbuild block that selects it."""
 import io
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -422,6 +423,12 @@ def started_session(tmp_path, monkeypatch):
         pytest.skip(str(exc))
     if subprocess.run(["unshare", "--user", "--map-root-user", "true"]).returncode != 0:
         pytest.skip("unprivileged user namespaces are not available here")
+    missing = [c for c in ("newuidmap", "newgidmap") if not shutil.which(c)]
+    if missing:
+        pytest.skip(
+            f"{' and '.join(missing)} not installed (package uidmap): a session maps "
+            "the user's subordinate ids with them"
+        )
     tree = tmp_path / "tree"
     for d in ("etc", "dev", "mnt", "proc", "sys", "tmp", "usr"):
         (tree / d).mkdir(parents=True)
