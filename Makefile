@@ -56,7 +56,7 @@ TEST_DEPENDS_netboot-serialize := qemu-system-x86 ipxe-qemu ovmf $(DI_NETBOOT) \
 	qemu-system-arm qemu-efi-aarch64 $(subst -amd64,-arm64,$(DI_NETBOOT)) debian-archive-keyring
 # Not here: qemu-system-misc opensbi u-boot-qemu, for the opt-in riscv64 boot
 # (DEBADMIN_TEST_RISCV64=1 tests/integration/netboot-serialize/test-qemu-riscv64, ~5 min).
-TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps
+TEST_DEPENDS_ipv6-ra-forward := radvd iproute2 procps qemu-system-x86 mmdebstrap cpio
 TEST_DEPENDS_sbuild-fast := sbuild schroot mmdebstrap uidmap btrfs-progs e2fsprogs systemd passwd
 # sid's sbuild, opt-in and needing nothing more here (it goes into a trixie tree):
 # DEBADMIN_TEST_SID=1 tests/integration/sbuild-fast/test-sid-sbuild, ~5 min.
