@@ -296,8 +296,8 @@ repo:
 # The previous release, for the upgrade tests: built from its tag (a fresh clone may
 # have no tags: then from its commit), without its unit tests. Its packages are all
 # Architecture: all, so one build serves every release.
-PREVIOUS_TAG := v0.4.0
-PREVIOUS_COMMIT := 01dbcbdb2f90b5abf93f53fbd00628a5d47d14c5
+PREVIOUS_TAG := v0.4.1
+PREVIOUS_COMMIT := 224161d92102c69fa9143222ff75a88256c84a36
 previous:
 	$(need_builddeps)
 	$(call need,git,check-deps)

@@ -1,3 +1,3 @@
 """debadmin: Debian admin helper tools (shared library)."""
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
