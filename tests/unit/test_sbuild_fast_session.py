@@ -362,9 +362,7 @@ def test_session_block_skips_the_purge_only_for_plain_builds(tmp_path, argv, pur
     """sbuild itself reads the block: a thrown-away session skips the purge of the build
     dependencies, a chroot or chroot mode named on the command line keeps sbuild's
     default ('always')."""
-    block = sbs.config_block(
-        "unshare", "0.85.0", "/dev/shm/tmp.sbuild.XXXXXXXXXX", None, SERVER
-    )
+    block = sbs.config_block("unshare", "0.85.0", "/dev/shm/tmp.sbuild.XXXXXXXXXX", None, SERVER)
     (tmp_path / ".sbuildrc").write_text(block)
     script = (
         "my @a = splice(@ARGV, 1); my $k = $ARGV[0]; @ARGV = @a; "
