@@ -114,12 +114,20 @@ def test_exec_argv_cuts_only_the_build_off_the_network(tmp_path, command, offlin
         "--ipc",
         "--uts",
         "--",
-        "/bin/sh",
-        "-c",
-        sfs.COMMAND_SCRIPT,
-        "sbuild-fast-command",
+        *sfs.command_argv(os.uname().machine),
         *command,
     ]
+
+
+def test_command_mounts_dev_shm_and_chroots_without_mount8():
+    # the tree is the session's root: trixie's buildd chroot has no mount(8); perl-base
+    # is essential
+    argv = sfs.command_argv("x86_64")
+    assert argv[0] == "/usr/bin/perl" and argv[-1] == "--"
+    assert "syscall(165, " in argv[2] and '"/usr/sbin/chroot", "."' in argv[2]
+    assert "syscall(40, " in sfs.command_argv("aarch64")[2]
+    assert sfs.command_argv("unknown")[:3] == ["/bin/sh", "-c", sfs.COMMAND_SCRIPT]
+    assert "'" not in argv[2]  # it goes between single quotes in the shell script
 
 
 def test_subid_range_takes_the_first_line_by_name(tmp_path):

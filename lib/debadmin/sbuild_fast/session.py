@@ -66,7 +66,43 @@ OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 # the command's own (as sbuild's unshare mode gives each command, hostname sbuild
 # inherited): it mounts a fresh /proc and /dev/shm and chroots. What a command leaves
 # behind (a process, a file in /dev/shm, a SysV IPC object, a hostname) dies with it.
+# The session's root is the tree itself (pivot_root): what runs there is the chroot's, and
+# trixie's buildd chroots have no mount(8). perl-base is essential: mount(2) through
+# perl's syscall (its number for the machine: the chroot is the machine's own
+# architecture), then chroot(8) from coreutils; mount(8) where the number is not known.
+MOUNT_SYSCALL = {
+    "x86_64": 165,
+    "aarch64": 40,
+    "riscv64": 40,
+    "loongarch64": 40,
+    "i386": 21,
+    "i686": 21,
+    "armv7l": 21,
+    "armv8l": 21,
+    "ppc64le": 21,
+    "ppc64": 21,
+    "s390x": 21,
+}
 COMMAND_SCRIPT = '/bin/mount -t tmpfs tmpfs dev/shm && exec /usr/sbin/chroot . "$@"'
+COMMAND_PERL = (
+    'my ($s, $t) = ("tmpfs", "dev/shm"); '
+    'syscall(%d, $s, $t, $s, 0, 0) == 0 or die "sbuild-fast: /dev/shm: $!\\n"; '
+    'exec("/usr/sbin/chroot", ".", @ARGV) or die "sbuild-fast: chroot: $!\\n";'
+)
+
+
+def command_argv(machine: str) -> List[str]:
+    """What runs first in a command's own namespaces, in the tree: mounts a fresh
+    /dev/shm and chroots to '.' (the tree) with the command's argv appended."""
+    number = MOUNT_SYSCALL.get(machine)
+    if number is None:
+        return ["/bin/sh", "-c", COMMAND_SCRIPT, "sbuild-fast-command"]
+    return ["/usr/bin/perl", "-e", COMMAND_PERL % number, "--"]
+
+
+_COMMAND = " ".join(
+    f"'{a}'" if " " in a or "$" in a else a for a in command_argv(os.uname().machine)
+)
 # First, every descriptor but 0, 1 and 2 is closed: one that sbuild inherited from its
 # caller (a directory, say) would otherwise reach the session, a way back to the host's
 # file system (dash closes 3-9; bash, only when there are more, the rest).
@@ -76,7 +112,7 @@ CLOSE_SCRIPT = (
 )
 _ENTER = (
     "nsenter $o -- unshare --pid --fork --kill-child --mount-proc=proc --ipc --uts -- "
-    f"/bin/sh -c '{COMMAND_SCRIPT}' sbuild-fast-command \"$@\""
+    f'{_COMMAND} "$@"'
 )
 EXEC_SCRIPT = (
     'c=""; for x in /proc/self/fd/*; do x=${x##*/}; case $x in [012]) ;; '
