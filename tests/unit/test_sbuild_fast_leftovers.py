@@ -101,3 +101,32 @@ def test_candidate_dirs_are_absolute_and_unique(monkeypatch):
     monkeypatch.setenv("TMPDIR", "/tmp")
     dirs = sfl.candidate_dirs(["/dev/shm", "relative", None, "/srv/unpack"])
     assert dirs == [Path(d) for d in ("/tmp", "/var/tmp", "/dev/shm", "/srv/unpack")]
+
+
+def test_doctor_reports_each_leftover_removed_or_not():
+    from debadmin.sbuild_fast import doctor as sfd
+
+    facts = {
+        "leftovers": [
+            {
+                "path": "/var/tmp/sbuild-fast-session.1.2.x",
+                "kind": "session tree",
+                "removed": True,
+            },
+            {
+                "path": "/dev/shm/tmp.sbuild.AbCdE12345",
+                "kind": "unshare-mode tree",
+                "removed": False,
+            },
+        ]
+    }
+    findings = sfd.rule_leftovers(facts)
+    assert [(f["code"], f["severity"], f["subject"]) for f in findings] == [
+        ("leftover-removed", "info", "/var/tmp/sbuild-fast-session.1.2.x"),
+        ("leftover", "action", "/dev/shm/tmp.sbuild.AbCdE12345"),
+    ]
+    assert findings[0]["message"] == (
+        "removed the leftover session tree /var/tmp/sbuild-fast-session.1.2.x"
+    )
+    assert sfd.rule_leftovers({}) == []
+    assert sfd.rule_leftovers in sfd.RULES
