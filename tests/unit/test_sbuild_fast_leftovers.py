@@ -6,11 +6,13 @@ from pathlib import Path
 from debadmin.sbuild_fast import leftovers as sfl
 
 
-def fake_proc(root: Path, pid: int, comm: str, ppid: int, start: int, argv=(), uid=None) -> None:
+def fake_proc(
+    root: Path, pid: int, comm: str, ppid: int, start: int, argv=(), state: str = "S"
+) -> None:
     d = root / str(pid)
     d.mkdir()
     # fields after the command name: state ppid ... (starttime is the 22nd field)
-    fields = ["S", str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
+    fields = [state, str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
     (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
     (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
 
@@ -23,6 +25,10 @@ def test_start_time_reads_past_a_command_name_with_spaces_and_parentheses(tmp_pa
     # the same pid, started at another time: another process, the server is dead
     assert not sfl.server_alive(42, 999, tmp_path)
     assert not sfl.server_alive(43, 12345, tmp_path)
+    # killed and not yet reaped: its descriptors are closed, its session is dead
+    fake_proc(tmp_path, 44, "sbuild-fast", 1, 777, state="Z")
+    assert sfl.start_time(44, tmp_path) == 777
+    assert not sfl.server_alive(44, 777, tmp_path)
 
 
 def test_other_sbuild_runs_skips_the_callers_ancestors(tmp_path):

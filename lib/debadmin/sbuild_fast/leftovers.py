@@ -146,7 +146,16 @@ def find(
 
 
 def server_alive(pid: int, start: int, proc: Path = Path("/proc")) -> bool:
-    return start_time(pid, proc) == start
+    """Whether the process pid that started at start still runs: a zombie (killed, not
+    yet reaped by a parent or an init that reaps late) has closed its descriptors, and
+    its session died with them."""
+    if start_time(pid, proc) != start:
+        return False
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+        return text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def candidate_dirs(extra: Iterable[Optional[str]] = ()) -> List[Path]:
