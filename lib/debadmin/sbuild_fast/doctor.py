@@ -19,6 +19,7 @@ from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.output import emit_json
 from debadmin.sbuild_fast import sbuild as sbs
+from debadmin.sbuild_fast import leftovers as sfl
 from debadmin.sbuild_fast import session as sfs
 
 Facts = Dict
@@ -420,7 +421,7 @@ def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
         except Error as exc:
             config_error = str(exc)
     states = sbs.all_states()
-    return gather_facts(
+    facts = gather_facts(
         sbs.user_cache_dir(),
         config,
         build_dirs,
@@ -432,6 +433,24 @@ def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
         cost_probe=command_cost,
         caches=sbs.package_caches(states),
     )
+    facts["leftovers"] = remove_leftovers(config.get("unshare_tmpdir_template"))
+    return facts
+
+
+def remove_leftovers(template: Optional[str]) -> List[Dict]:
+    """The calling user's dead leftovers (trees of killed sessions, of failed unshare-mode
+    builds), each removed: the doctor's one change, as every sbuild-fast start makes it."""
+    uid = os.getuid()
+    extra = [os.path.dirname(template)] if template else []
+    found = sfl.dead_leftovers(_user_name(uid), uid, extra)
+    return [
+        {
+            "path": str(item.path),
+            "kind": item.kind,
+            "removed": sfl.remove(item, uid, sfs.unshare_argv()),
+        }
+        for item in found
+    ]
 
 
 # --- rules: facts in, findings out ----------------------------------------------------------
@@ -855,6 +874,22 @@ def rule_not_installed(facts: Facts) -> Findings:
     ]
 
 
+def rule_leftovers(facts: Facts) -> Findings:
+    """A tree a killed session or a failed unshare-mode build left: removed (info), or
+    still there (action)."""
+    return [
+        finding(
+            "leftover-removed" if item["removed"] else "leftover",
+            "info" if item["removed"] else "action",
+            f"removed the leftover {item['kind']} {item['path']}"
+            if item["removed"]
+            else f"cannot remove the leftover {item['kind']} {item['path']}",
+            item["path"],
+        )
+        for item in facts.get("leftovers", [])
+    ]
+
+
 def rule_no_chroot(facts: Facts) -> Findings:
     if facts["chroots"]:
         return []
@@ -882,6 +917,7 @@ RULES: Tuple[Callable[[Facts], Findings], ...] = (
     rule_distclean,
     rule_not_installed,
     rule_no_chroot,
+    rule_leftovers,
 )
 
 

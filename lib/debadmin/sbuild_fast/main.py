@@ -23,6 +23,7 @@ from debadmin.errors import EXIT_OK, Error
 from debadmin.output import emit_json
 from debadmin.sbuild_fast import doctor as sfd
 from debadmin.sbuild_fast import sbuild as sbs
+from debadmin.sbuild_fast import leftovers as sfl
 from debadmin.sbuild_fast import session as sfs
 
 PROG = "sbuild-fast"
@@ -796,6 +797,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise Error("--cache-max sets the cap of the package cache that --no-cache turns off")
     recipe = recipe_from(args)
     cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
+    clean_leftovers(args.dry_run)
     build_chroot(recipe, args.dry_run, "write", "created")
     if recipe["cache"]:
         tend_cache(recipe["mode"], args.dry_run, cache_max)
@@ -1004,6 +1006,7 @@ def recipe_from_state(state: Dict, mirror: Optional[str] = None) -> Dict:
 def cmd_update(args: argparse.Namespace) -> int:
     dists = [sbs.validate_dist(d) for d in args.dist]
     cache_max = sbs.parse_size(args.cache_max) if args.cache_max else None
+    clean_leftovers(args.dry_run)
     if args.mode == "schroot":
         states = sbs.read_states(Path("/") / sbs.SCHROOT_STATE_DIR)
     else:
@@ -1116,6 +1119,16 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def clean_leftovers(dry_run: bool) -> None:
+    """Remove what killed sessions and failed unshare-mode builds of this user left (their
+    trees belong to the first subordinate uid: removed through its mapping)."""
+    uid = os.getuid()
+    if dry_run or uid == 0:
+        return
+    user = pwd.getpwuid(uid).pw_name
+    sfl.clean(user, uid, sfs.unshare_argv())
+
+
 # --- session: sbuild's autopkgtest-mode virt server ----------------------------------------
 
 
@@ -1154,6 +1167,7 @@ def cmd_session(args: argparse.Namespace) -> int:
         # sbuild-fast's package cache (as for a chroot named on sbuild's command line)
         binds = sfs.foreign_binds(unshare_view()[1], sbs.package_cache_dir("unshare"))
     user = pwd.getpwuid(os.getuid()).pw_name
+    clean_leftovers(False)
     session = sfs.Session(source.tarball, user, binds, sfs.mountpoint_parent())
     return sfs.serve(session, sys.stdin, sys.stdout)
 

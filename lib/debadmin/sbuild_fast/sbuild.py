@@ -286,7 +286,7 @@ def config_block(
             "# dependencies first (sbuild does it in autopkgtest mode, not in unshare",
             "# mode) costs 1-2 s a build for nothing. Not when the command line names",
             "# a chroot or chroot mode: that may be a chroot that persists.",
-            "$purge_build_deps = 'never' unless grep { /^--chr/ } @ARGV;",
+            f"$purge_build_deps = 'never' unless {PERSISTENT_CHROOT_TEST};",
             "# A chroot named on the command line (-c, --chroot) is built in as named,",
             "# in sbuild's unshare mode: the session serves sbuild-fast's chroots only.",
             f"$chroot_mode = 'unshare' if {NAMED_CHROOT_TEST};",
@@ -1083,10 +1083,25 @@ def perl_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-# Perl, in the block: whether sbuild's command line names a chroot (-c NAME, --chroot NAME,
-# --chroot=NAME; not --chroot-mode), which sbuild then builds in rather than the
-# sbuild-fast chroot of the distribution.
-NAMED_CHROOT_TEST = "grep { /^(?:-c|--chroot)(?:=|$)/ } @ARGV"
+# Perl, in the block: whether sbuild's command line names a chroot (-c NAME, -cNAME,
+# --chroot NAME, --chroot=NAME; not --chroot-mode nor --chroot-setup-commands), which
+# sbuild then builds in rather than the sbuild-fast chroot of the distribution. sbuild's
+# Getopt::Long spec (Sbuild/Options.pm, 0.85 to 0.91): "c|chroot=s", "chroot-mode=s",
+# "chroot-setup-commands=s", "chroot-update-failed-commands=s",
+# "chroot-cleanup-commands=s"; with gnu_getopt (-cNAME) and auto_abbrev (--chroot-m,
+# --chroot-mo and --chroot-mod are --chroot-mode; --chroot is exact, its shorter
+# prefixes ambiguous). Nothing after '--' is an option.
+NAMED_CHROOT_RE = r"^(?:-c|--chroot(?:=|$))"
+CHROOT_MODE_RE = r"^--chroot-m(?:o(?:de?)?)?(?:=|$)"
+
+
+def _options_test(regex: str) -> str:
+    return f"grep {{ /{regex}/ }} @ARGV[0 .. ((grep {{ $ARGV[$_] eq '--' }} 0 .. $#ARGV)[0] // scalar(@ARGV)) - 1]"
+
+
+NAMED_CHROOT_TEST = _options_test(NAMED_CHROOT_RE)
+# A session that may persist: a chroot or a chroot mode named on the command line.
+PERSISTENT_CHROOT_TEST = _options_test(f"{NAMED_CHROOT_RE}|{CHROOT_MODE_RE}")
 
 
 def cache_config_lines(cache_dir: Optional[str], sbuild_ver: Optional[str]) -> List[str]:

@@ -16,7 +16,11 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 - the session's init is pid 1 of its pid namespace: killing it at 'close' (or when
   sbuild, this server or init goes away) kills every process of the build;
 - the unpacked tree lives in a tmpfs mounted inside the session's mount namespace when
-  memory allows, so it vanishes with the namespace; otherwise on disk, removed at close.
+  memory allows, so it vanishes with the namespace; otherwise on disk, removed at close
+  (or, when this server was killed, by the next session: leftovers.py);
+- the tree is the root of the session's mount namespace (pivot_root, the host's root
+  detached), and each command starts with no descriptor above 2: nothing of the build,
+  the session's root included, can reach a host path.
 """
 
 import json
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
+from debadmin.sbuild_fast import leftovers
 from debadmin.sbuild_fast.sbuild import CACHE_MOUNTPOINT
 
 log = logging.getLogger("sbuild-fast")
@@ -61,8 +66,57 @@ OFFLINE_COMMANDS = ("dpkg-buildpackage",)
 # the command's own (as sbuild's unshare mode gives each command, hostname sbuild
 # inherited): it mounts a fresh /proc and /dev/shm and chroots. What a command leaves
 # behind (a process, a file in /dev/shm, a SysV IPC object, a hostname) dies with it.
+# The session's root is the tree itself (pivot_root): what runs there is the chroot's, and
+# trixie's buildd chroots have no mount(8). perl-base is essential: mount(2) through
+# perl's syscall (its number for the machine: the chroot is the machine's own
+# architecture), then chroot(8) from coreutils; mount(8) where the number is not known.
+MOUNT_SYSCALL = {
+    "x86_64": 165,
+    "aarch64": 40,
+    "riscv64": 40,
+    "loongarch64": 40,
+    "i386": 21,
+    "i686": 21,
+    "armv7l": 21,
+    "armv8l": 21,
+    "ppc64le": 21,
+    "ppc64": 21,
+    "s390x": 21,
+}
 COMMAND_SCRIPT = '/bin/mount -t tmpfs tmpfs dev/shm && exec /usr/sbin/chroot . "$@"'
+COMMAND_PERL = (
+    'my ($s, $t) = ("tmpfs", "dev/shm"); '
+    'syscall(%d, $s, $t, $s, 0, 0) == 0 or die "sbuild-fast: /dev/shm: $!\\n"; '
+    'exec("/usr/sbin/chroot", ".", @ARGV) or die "sbuild-fast: chroot: $!\\n";'
+)
+
+
+def command_argv(machine: str) -> List[str]:
+    """What runs first in a command's own namespaces, in the tree: mounts a fresh
+    /dev/shm and chroots to '.' (the tree) with the command's argv appended."""
+    number = MOUNT_SYSCALL.get(machine)
+    if number is None:
+        return ["/bin/sh", "-c", COMMAND_SCRIPT, "sbuild-fast-command"]
+    return ["/usr/bin/perl", "-e", COMMAND_PERL % number, "--"]
+
+
+_COMMAND = " ".join(
+    f"'{a}'" if " " in a or "$" in a else a for a in command_argv(os.uname().machine)
+)
+# First, every descriptor but 0, 1 and 2 is closed: one that sbuild inherited from its
+# caller (a directory, say) would otherwise reach the session, a way back to the host's
+# file system (dash closes 3-9; bash, only when there are more, the rest).
+CLOSE_SCRIPT = (
+    'for x in /proc/self/fd/*; do x=${x##*/}; [ "$x" -gt 2 ] && eval "exec $x>&-"; '
+    'done 2>/dev/null; exec "$@"'
+)
+_ENTER = (
+    "nsenter $o -- unshare --pid --fork --kill-child --mount-proc=proc --ipc --uts -- "
+    f'{_COMMAND} "$@"'
+)
 EXEC_SCRIPT = (
+    'c=""; for x in /proc/self/fd/*; do x=${x##*/}; case $x in [012]) ;; '
+    '[3-9]) eval "exec $x>&-";; *) c=1;; esac; done; '
     'o=$1 f=$2; shift 2; n=""; u=""; a=""; s=0; '
     'for x in "$@"; do case $s$x in '
     "0runuser|0*/runuser) s=1; continue;; 1-u) s=2; continue;; 1*) s=3;; "
@@ -72,9 +126,8 @@ EXEC_SCRIPT = (
     + ") n=1;; apt-get|*/apt-get) a=1;; esac; done; "
     '[ -n "$u" ] && [ -z "$a" ] && n=1; '
     '[ -n "$n" ] && o=$f; '
-    "exec nsenter $o -- "
-    "unshare --pid --fork --kill-child --mount-proc=proc --ipc --uts -- "
-    f"/bin/sh -c '{COMMAND_SCRIPT}' sbuild-fast-command \"$@\""
+    f"[ -n \"$c\" ] && exec /bin/bash -c '{CLOSE_SCRIPT}' sbuild-fast-close {_ENTER}; "
+    f"exec {_ENTER}"
 )
 # The namespaces a command enters (nsenter's options), init's and the offline keeper's.
 NAMESPACES = ("user", "mnt", "uts", "ipc", "pid", "net")
@@ -93,7 +146,7 @@ TMPFS_SIZE_VAR = "SBUILD_FAST_SESSION_TMPFS_SIZE"
 
 # The session's init: runs inside the namespaces (python3 -c INIT json-args), as their
 # root (unshare --map-auto maps the first subordinate range from 0 and sets uid 0 before
-# exec, so init keeps its capabilities there). It mounts and unpacks, chroots, reports 'ready', and
+# exec, so init keeps its capabilities there). It mounts and unpacks, pivots into the tree, reports 'ready', and
 # then only reaps orphans (pid 1 of the namespace) until it is killed.
 INIT = r"""
 import ctypes, fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
@@ -106,7 +159,7 @@ if a["tmpfs"]:
     run("mount", "-t", "tmpfs", "-o", "mode=0755,nosuid,size=%d" % a["tmpfs_size"],
         "sbuild-fast", root)
 else:
-    disk = tempfile.mkdtemp(prefix="sbuild-fast-session.", dir=a["disk_parent"])
+    disk = tempfile.mkdtemp(prefix=a["disk_prefix"], dir=a["disk_parent"])
     os.chmod(disk, 0o755)
     print("disk " + disk, flush=True)
     run("mount", "--bind", disk, root)
@@ -157,12 +210,25 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
-os.chroot(root)
+libc = ctypes.CDLL(None, use_errno=True)
+# The tree becomes the root of the session's mount namespace and the host's root is
+# detached from it: no process of the session, its root included, can reach a host path
+# (a chroot leaves the host's root in the namespace, one chroot("x"), chdir("..")... away).
+# pivot_root moves every process of the namespace whose root is the old one: init too.
+os.chdir(root)
+old_root = tempfile.mkdtemp(prefix=".sbuild-fast-old-root.", dir=root)
+run("pivot_root", ".", old_root)
 os.chdir("/")
+old_root = "/" + os.path.basename(old_root)
+if libc.umount2(old_root.encode(), 2) != 0:  # MNT_DETACH
+    raise OSError(ctypes.get_errno(), "umount " + old_root)
+os.rmdir(old_root)
+with open("/proc/self/mountinfo") as f:
+    if len([ln for ln in f if ln.split()[4] == "/"]) != 1:
+        raise OSError(0, "the host's root is still mounted in the session")
 # The offline commands' mount namespace: the session's, with an empty /etc/resolv.conf
 # (sbuild's unshare mode gives the build without network none of the host's). A child
 # keeps it; the server finds it as init's one child.
-libc = ctypes.CDLL(None, use_errno=True)
 def cmount(src, target, fstype, flags, data=None):
     if libc.mount(src.encode(), target.encode(), fstype and fstype.encode(), flags,
                   data and data.encode()) != 0:
@@ -368,7 +434,14 @@ class Session:
         fds: List[int] = []
         try:
             tar_fd, bind_args = self._open_fds(fds)
-            self.mountpoint = Path(tempfile.mkdtemp(prefix="sbuild-fast.", dir=self.tmp_parent))
+            # the names carry this server's pid and start time: what it leaves when it is
+            # killed is provably dead once no process has both (leftovers.py)
+            tag = leftovers.own_tag()
+            self.mountpoint = Path(
+                tempfile.mkdtemp(
+                    prefix=f"{leftovers.MOUNTPOINT_PREFIX}{tag}.", dir=self.tmp_parent
+                )
+            )
             # the namespace's root (a subordinate id) must reach it to mount on it
             os.chmod(self.mountpoint, 0o755)
             try:
@@ -390,6 +463,7 @@ class Session:
                 "tmpfs": tmpfs,
                 "tmpfs_size": size,
                 "disk_parent": str(disk_parent()),
+                "disk_prefix": f"{leftovers.DISK_PREFIX}{tag}.",
                 "binds": bind_args,
                 "tar_fd": tar_fd,
                 "resolv": resolv,

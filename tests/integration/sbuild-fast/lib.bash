@@ -231,3 +231,75 @@ sbf_install_sid_sbuild() {
         sh "$opts" >> "$log" 2>&1 || { tail -n 20 "$log"; fail "installing sid's sbuild in the trixie tree"; }
     rm -rf "$root/srv/sid"
 }
+
+# sbf_make_escape_packages DIR SECRET OWNER: in DIR, sbfast-escapedep_1.0_all.deb, whose
+# postinst (run by apt as the chroot's root) tries every way out of the chroot to the
+# host file SECRET (it holds SBFAST-HOST-SECRET): SECRET's path itself, /proc/1/root,
+# /proc/PID/root and cwd of every process it sees, every directory descriptor of those
+# processes (a descriptor inherited from sbuild), and chroot("x"), chdir("..") x 64,
+# chroot("."), which also tries to write next to SECRET; it prints
+# SBFAST-ESCAPE-<WAY>-REACHED or -BLOCKED for each and always succeeds; and the source
+# package sbfast-escape, which build-depends on it. OWNER (chown's USER: or UID:GID)
+# gets the files.
+sbf_make_escape_packages() {
+    local dir=$1 secret=$2 owner=$3 d
+    d=$dir/escapedep
+    mkdir -p "$d/DEBIAN"
+    printf "%s\n" "Package: sbfast-escapedep" "Version: 1.0" "Architecture: all" \
+        "Maintainer: sbuild-fast test <test@example.org>" \
+        "Description: tries to leave the chroot from its postinst" > "$d/DEBIAN/control"
+    cat > "$d/DEBIAN/postinst" <<POSTINST
+#!/usr/bin/perl
+use strict;
+use warnings;
+my \$secret = "$secret";
+(my \$dir = \$secret) =~ s{/[^/]*\$}{};
+my \$up = "../" x 64;
+sub reads { open(my \$f, "<", \$_[0]) or return 0; my \$l = <\$f> // ""; return \$l =~ /SBFAST-HOST-SECRET/ ? 1 : 0; }
+my %r;
+print "SBFAST-ESCAPE-PROBE-RAN\n";
+\$r{PATH} = reads(\$secret);
+\$r{PROC1ROOT} = reads("/proc/1/root\$secret");
+my @pids = map { m{^/proc/([0-9]+)\$} ? \$1 : () } glob("/proc/[0-9]*");
+\$r{PROCROOT} = grep { reads("/proc/\$_/root\$secret") || reads("/proc/\$_/cwd/\$up\$secret") } @pids;
+\$r{FD} = grep { -d \$_ && (reads("\$_/\$up\$secret") || reads("\$_/" . (\$secret =~ s{.*/}{}r))) } glob("/proc/[0-9]*/fd/*");
+my \$pid = fork();
+if (\$pid == 0) {
+    mkdir "/sbfast-escape-x";
+    chroot("/sbfast-escape-x") or exit 2;
+    chdir("..") for 1 .. 64;
+    chroot(".") or exit 2;
+    if (open(my \$w, ">", "\$dir/written-by-the-build")) { print \$w "escaped\n"; close \$w; }
+    exit(reads(\$secret) ? 0 : 1);
+}
+waitpid(\$pid, 0);
+\$r{CHROOT} = \$? == 0 ? 1 : 0;
+rmdir "/sbfast-escape-x";
+print "SBFAST-ESCAPE-\$_-", (\$r{\$_} ? "REACHED" : "BLOCKED"), "\n" for sort keys %r;
+exit 0;
+POSTINST
+    chmod 755 "$d/DEBIAN/postinst"
+    dpkg-deb --root-owner-group -b "$d" "$dir/sbfast-escapedep_1.0_all.deb" > /dev/null
+    d=$dir/sbfast-escape-1.0
+    mkdir -p "$d/debian/source"
+    echo "3.0 (native)" > "$d/debian/source/format"
+    printf "%s\n" "Source: sbfast-escape" "Section: misc" "Priority: optional" \
+        "Maintainer: sbuild-fast test <test@example.org>" \
+        "Build-Depends: debhelper-compat (= 13), sbfast-escapedep" "Standards-Version: 4.6.2" \
+        "Rules-Requires-Root: no" "" "Package: sbfast-escape" "Architecture: all" \
+        "Depends: \${misc:Depends}" "Description: sbuild-fast test package" \
+        " Built by the sbuild-fast tests of the session's containment." > "$d/debian/control"
+    printf "sbfast-escape (1.0) unstable; urgency=medium\n\n  * Test.\n\n -- sbuild-fast test <test@example.org>  Sat, 21 Nov 2026 22:00:00 +0000\n" \
+        > "$d/debian/changelog"
+    printf "#!/usr/bin/make -f\n%%:\n\tdh \$@\n" > "$d/debian/rules"
+    chmod +x "$d/debian/rules"
+    (cd "$dir" && dpkg-source -b sbfast-escape-1.0 > /dev/null)
+    chown -R "$owner" "$dir"
+}
+
+# sbf_escape_ways LOG: the ways out that the probe in LOG reached ("" when none), and
+# fails unless the probe ran.
+sbf_escape_ways() {
+    grep -q '^SBFAST-ESCAPE-PROBE-RAN' "$1" || fail "the escape probe did not run: $(tail -n 20 "$1")"
+    sed -n 's/^SBFAST-ESCAPE-\([A-Z0-9]*\)-REACHED$/\1/p' "$1" | tr '\n' ' ' | sed 's/ $//'
+}

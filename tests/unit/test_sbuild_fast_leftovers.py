@@ -1,0 +1,138 @@
+"""sbuild-fast leftovers: which trees are provably the user's and provably dead."""
+
+import os
+from pathlib import Path
+
+from debadmin.sbuild_fast import leftovers as sfl
+
+
+def fake_proc(
+    root: Path, pid: int, comm: str, ppid: int, start: int, argv=(), state: str = "S"
+) -> None:
+    d = root / str(pid)
+    d.mkdir()
+    # fields after the command name: state ppid ... (starttime is the 22nd field)
+    fields = [state, str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+
+def test_start_time_reads_past_a_command_name_with_spaces_and_parentheses(tmp_path):
+    fake_proc(tmp_path, 42, "a (b) c", 1, 12345)
+    assert sfl.start_time(42, tmp_path) == 12345
+    assert sfl.start_time(43, tmp_path) is None
+    assert sfl.server_alive(42, 12345, tmp_path)
+    # the same pid, started at another time: another process, the server is dead
+    assert not sfl.server_alive(42, 999, tmp_path)
+    assert not sfl.server_alive(43, 12345, tmp_path)
+    # killed and not yet reaped: its descriptors are closed, its session is dead
+    fake_proc(tmp_path, 44, "sbuild-fast", 1, 777, state="Z")
+    assert sfl.start_time(44, tmp_path) == 777
+    assert not sfl.server_alive(44, 777, tmp_path)
+
+
+def test_other_sbuild_runs_skips_the_callers_ancestors(tmp_path):
+    fake_proc(tmp_path, 1, "init", 0, 1, ["/sbin/init"])
+    fake_proc(tmp_path, 10, "sbuild", 1, 5, ["/usr/bin/perl", "/usr/bin/sbuild", "-d", "x"])
+    fake_proc(tmp_path, 11, "sbuild-fast", 10, 6, ["/usr/bin/python3", "/usr/bin/sbuild-fast"])
+    uid = os.getuid()
+    # our own sbuild (an ancestor) does not count
+    assert not sfl.other_sbuild_runs(uid, tmp_path, me=11)
+    fake_proc(tmp_path, 20, "sbuild", 1, 7, ["/usr/bin/perl", "-w", "/usr/bin/sbuild"])
+    assert sfl.other_sbuild_runs(uid, tmp_path, me=11)
+    # another user's sbuild does not count
+    assert not sfl.other_sbuild_runs(uid + 1, tmp_path, me=11)
+
+
+def make(parent: Path, name: str, content: bool = False) -> Path:
+    path = parent / name
+    path.mkdir()
+    if content:
+        (path / "usr").mkdir()
+        (path / "usr" / "file").write_text("x")
+    return path
+
+
+def test_find_takes_only_dead_trees_of_the_user_with_the_right_names(tmp_path):
+    uid = os.getuid()
+    dead_mp = make(tmp_path, "sbuild-fast.100.5000.abcd1234")
+    dead_tree = make(tmp_path, "sbuild-fast-session.100.5000.xyz_9876", True)
+    make(tmp_path, "sbuild-fast.200.6000.live0000")  # a running server
+    make(tmp_path, "sbuild-fast.junk")  # no pid and start time: not ours to judge
+    make(tmp_path, "tmp.sbuild.short")  # not sbuild's ten characters
+    unshare_tree = make(tmp_path, "tmp.sbuild.AbCdE12345", True)
+    (tmp_path / "sbuild-fast.300.7000.link0000").symlink_to(dead_tree)
+    (tmp_path / "sbuild-fast.400.8000.file0000").write_text("")
+
+    def alive(pid: int, start: int) -> bool:
+        return (pid, start) == (200, 6000)
+
+    found = sfl.find([tmp_path, tmp_path], uid, uid, alive, lambda: False)
+    assert [(f.path, f.kind) for f in found] == [
+        (dead_tree, "session tree"),
+        (dead_mp, "session mount point"),
+        (unshare_tree, "unshare-mode tree"),
+    ]
+    # another sbuild of the user runs: it may be unpacking into tmp.sbuild.*
+    found = sfl.find([tmp_path], uid, uid, alive, lambda: True)
+    assert unshare_tree not in [f.path for f in found]
+    # another user's (or another user's subordinate ids'): nothing
+    assert sfl.find([tmp_path], uid + 1, uid + 1, alive, lambda: False) == []
+
+
+def test_find_takes_the_session_tree_only_from_the_subordinate_root(tmp_path):
+    uid = os.getuid()
+    make(tmp_path, "sbuild-fast-session.100.5000.abcd1234")
+    mp = make(tmp_path, "sbuild-fast.100.5000.abcd1234")
+    # the session tree is the subordinate root's (uid + 1 here): ours is not one
+    found = sfl.find([tmp_path], uid, uid + 1, lambda p, s: False, lambda: False)
+    assert [f.path for f in found] == [mp]
+
+
+def test_remove_takes_the_tree_and_its_directory(tmp_path):
+    uid = os.getuid()
+    tree = make(tmp_path, "tmp.sbuild.AbCdE12345", True)
+    empty = make(tmp_path, "sbuild-fast.1.2.abcd1234")
+    # the mapping's argv prefix: none here (the files are the caller's own)
+    assert sfl.remove(sfl.Leftover(tree, "unshare-mode tree", uid), uid, [])
+    assert sfl.remove(sfl.Leftover(empty, "session mount point", uid), uid, ["false"])
+    assert not tree.exists() and not empty.exists()
+    # what cannot be removed is said, not hidden
+    stuck = make(tmp_path, "tmp.sbuild.ZZZZZ12345", True)
+    assert not sfl.remove(sfl.Leftover(stuck, "unshare-mode tree", uid), uid, ["false"])
+    assert stuck.exists()
+
+
+def test_candidate_dirs_are_absolute_and_unique(monkeypatch):
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    dirs = sfl.candidate_dirs(["/dev/shm", "relative", None, "/srv/unpack"])
+    assert dirs == [Path(d) for d in ("/tmp", "/var/tmp", "/dev/shm", "/srv/unpack")]
+
+
+def test_doctor_reports_each_leftover_removed_or_not():
+    from debadmin.sbuild_fast import doctor as sfd
+
+    facts = {
+        "leftovers": [
+            {
+                "path": "/var/tmp/sbuild-fast-session.1.2.x",
+                "kind": "session tree",
+                "removed": True,
+            },
+            {
+                "path": "/dev/shm/tmp.sbuild.AbCdE12345",
+                "kind": "unshare-mode tree",
+                "removed": False,
+            },
+        ]
+    }
+    findings = sfd.rule_leftovers(facts)
+    assert [(f["code"], f["severity"], f["subject"]) for f in findings] == [
+        ("leftover-removed", "info", "/var/tmp/sbuild-fast-session.1.2.x"),
+        ("leftover", "action", "/dev/shm/tmp.sbuild.AbCdE12345"),
+    ]
+    assert findings[0]["message"] == (
+        "removed the leftover session tree /var/tmp/sbuild-fast-session.1.2.x"
+    )
+    assert sfd.rule_leftovers({}) == []
+    assert sfd.rule_leftovers in sfd.RULES
