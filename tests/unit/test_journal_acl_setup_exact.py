@@ -297,3 +297,17 @@ def test_a_lost_state_file_is_not_taken_for_the_admins_entries(tmp_path, capsys)
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert (rc, err) == (0, ""), out
     assert "group:5050" not in tree(root)[0], (out, tree(root)[0])
+
+
+def test_revert_names_what_it_passes_over(tmp_path, capsys, caplog):
+    """A symbolic link in the journal is never followed, by revert as by apply, and revert
+    says so once (it walks twice: the plan, then the change), as apply does."""
+    root, machine = image(tmp_path)
+    (machine / "system.journal").write_text("log\n")
+    (machine / "shadow.journal").symlink_to("/etc/shadow")
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    caplog.clear()
+    rc, _out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, err
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "shadow" in r.getMessage()]
+    assert said == [("WARNING", f"{machine}/shadow.journal is a symbolic link, never followed")]

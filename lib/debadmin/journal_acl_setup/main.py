@@ -1307,6 +1307,7 @@ class Reverting:
         self.journal, self.gone, self.store, self.strip = journal, gone, store, strip
         self.uids = journal_uids(root)
         self.problems: List[Tuple[Optional[str], str]] = []
+        self.noted: Set[str] = set()
 
     def walk(self, dry_run: bool) -> int:
         from debadmin.journal_acl_setup import revert
@@ -1328,6 +1329,12 @@ class Reverting:
         finally:
             os.close(fd)
         self.problems = outcome.problems
+        # What the walk passed over (a symbolic link...), said once for both walks, as
+        # apply says it.
+        for message in outcome.notes:
+            if message not in self.noted:
+                self.noted.add(message)
+                log.warning("%s", message)
         return outcome.touched
 
     def steps(self) -> List[Step]:

@@ -37,13 +37,15 @@ G = walker.GROUP
 
 class Outcome:
     """What one revert walk did: paths changed (would change), problems as (path or
-    None, message), the records it met (their keys)."""
+    None, message), what it passed over and only says (symbolic links...), the records
+    it met (their keys)."""
 
-    __slots__ = ("touched", "problems", "met")
+    __slots__ = ("touched", "problems", "notes", "met")
 
     def __init__(self) -> None:
         self.touched = 0
         self.problems: List[Tuple[Optional[str], str]] = []
+        self.notes: List[str] = []
         self.met: Set[Tuple[int, int]] = set()
 
 
@@ -115,6 +117,8 @@ def revoke(
     for skip in skips.items():
         if skip.code == "skipped-hardlink" or skip.action:
             outcome.problems.append((skip.path, skip.message))
+        else:
+            outcome.notes.append(skip.message)
     return outcome
 
 
