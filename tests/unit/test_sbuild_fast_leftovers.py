@@ -1,6 +1,7 @@
 """sbuild-fast leftovers: which trees are provably the user's and provably dead."""
 
 import os
+import shutil
 from pathlib import Path
 
 from debadmin.sbuild_fast import leftovers as sfl
@@ -42,6 +43,11 @@ def test_other_sbuild_runs_skips_the_callers_ancestors(tmp_path):
     assert sfl.other_sbuild_runs(uid, tmp_path, me=11)
     # another user's sbuild does not count
     assert not sfl.other_sbuild_runs(uid + 1, tmp_path, me=11)
+    # sbuild further into perl's command line (perl -I lib -w /usr/bin/sbuild) counts too
+    shutil.rmtree(tmp_path / "20")
+    assert not sfl.other_sbuild_runs(uid, tmp_path, me=11)
+    fake_proc(tmp_path, 21, "perl", 1, 8, ["/usr/bin/perl", "-I", "lib", "-w", "/usr/bin/sbuild"])
+    assert sfl.other_sbuild_runs(uid, tmp_path, me=11)
 
 
 def make(parent: Path, name: str, content: bool = False) -> Path:

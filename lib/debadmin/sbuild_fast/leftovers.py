@@ -69,7 +69,8 @@ def ancestors(pid: int, proc: Path = Path("/proc")) -> Set[int]:
 
 def other_sbuild_runs(uid: int, proc: Path = Path("/proc"), me: Optional[int] = None) -> bool:
     """Whether a process of uid other than me and my ancestors runs sbuild (perl [-w]
-    /usr/bin/sbuild ...)."""
+    [-I DIR] /usr/bin/sbuild ...: any word of its command line; a false match only keeps
+    a tree, a missed one would remove a live build's)."""
     mine = ancestors(os.getpid() if me is None else me, proc)
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) in mine:
@@ -80,7 +81,7 @@ def other_sbuild_runs(uid: int, proc: Path = Path("/proc"), me: Optional[int] = 
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(os.path.basename(a) == b"sbuild" for a in argv[:3]):
+        if any(os.path.basename(a) == b"sbuild" for a in argv):
             return True
     return False
 
