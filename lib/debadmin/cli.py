@@ -179,7 +179,9 @@ def _json_asked(argv) -> bool:
     if output is not None:
         output.emitted = False  # a new run (tests call main() again in one process)
     words = list(sys.argv[1:] if argv is None else argv)
-    return "--json" in (words[: words.index("--")] if "--" in words else words)
+    words = words[: words.index("--")] if "--" in words else words
+    # argparse takes an unambiguous abbreviation (--js) for --json too
+    return any(len(word) > 2 and "--json".startswith(word) for word in words)
 
 
 def _parse(parser: argparse.ArgumentParser, argv, as_json: bool) -> argparse.Namespace:

@@ -163,6 +163,13 @@ def test_a_usage_error_with_json_prints_one_object(tool, command):
     assert last == f"{tool}: error: {document['error']}"
 
 
+def test_an_abbreviated_json_is_json_too():
+    """argparse takes --jso for --json: its usage error is one object as well."""
+    result = run_tool("journal-acl-setup", "check", "--jso", "--no-such-option")
+    assert result.returncode == 2
+    assert set(one_json_object(result.stdout)) == {"error", "exit_status"}
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
