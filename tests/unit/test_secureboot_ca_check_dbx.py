@@ -597,3 +597,73 @@ def test_a_signature_whose_signer_is_not_found_is_judged_by_its_certificates():
     hits = dbx.judge(image, dbx.Additions(certs=[ca_2011]))
     assert [h["entry"] for h in hits] == ["Microsoft Corporation UEFI CA 2011"]
     assert dbx.judge(image, dbx.Additions(hashes={"00" * 32: None})) == []
+
+
+# --- what the boot-path check cannot see refuses the write ----------------------------------
+
+
+@needs_shim
+@needs_grub
+def test_an_esp_named_by_a_symlink_is_walked(tmp_path, capsys):
+    """--esp naming a symbolic link to the ESP: the link the admin named is followed (as
+    the open of an idle automount point mounts it); nothing below it is."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = esp_copy(tmp_path, SHIM, GRUB)
+    os.symlink("../esp", esp / "EFI/loop")
+    link = tmp_path / "esp-link"
+    os.symlink(esp, link)
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(link))
+    assert rc == 0, err
+    checked = doc["dbx"]["checked"]
+    assert checked["esps"] == [str(link)] and checked["empty_esps"] == []
+    assert sorted(b["path"] for b in checked["binaries"]) == [
+        f"{link}/EFI/debian/grubx64.efi",
+        f"{link}/EFI/debian/shimx64.efi",
+    ]
+    assert {b["verdict"] for b in checked["binaries"]} == {"ok"}
+
+
+@pytest.mark.parametrize("content", ["nothing", "grub.cfg only"])
+def test_an_esp_without_pe_images_refuses(tmp_path, capsys, content):
+    """An --esp directory with no PE image (the wrong directory, an ESP not mounted):
+    nothing was checked there, so the write is refused."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = tmp_path / "esp"
+    (esp / "EFI/debian").mkdir(parents=True)
+    if content != "nothing":
+        (esp / "EFI/debian/grub.cfg").write_text("configfile $prefix/grub.cfg\n")
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp))
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused" and result["checked"]["empty_esps"] == [str(esp)]
+    assert err.count("\n") == 1
+    assert f"{esp} holds no PE image" in err and "nothing written" in err
+
+
+def test_an_esp_that_is_no_directory_refuses(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    (tmp_path / "file").write_text("x")
+    for esp in (tmp_path / "missing", tmp_path / "file"):
+        rc, out, err = run(
+            capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp),
+            "--fix", "--dbx", "--payloads", str(OBJECTS),
+        )  # fmt: skip
+        assert rc == 2 and f"{esp}: no such directory" in err
+
+
+@needs_shim
+@needs_grub
+def test_an_empty_mounted_esp_refuses_the_write(tmp_path, capsys, monkeypatch):
+    """An ESP in the mount table whose walk finds no PE image (an automount that did not
+    mount, the wrong file system): refused, dbx as it was, no backup."""
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, ovmf_variables())
+    os.unlink(root / "mnt/second esp/EFI/BOOT/BOOTX64.EFI")
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    rc, doc, err = dbx_json(capsys, "--root", str(root))
+    assert rc == 2
+    assert doc["dbx"]["status"] == "refused" and doc["dbx"]["written"] is False
+    assert doc["dbx"]["checked"]["empty_esps"] == ["/mnt/second esp"]
+    assert "/mnt/second esp holds no PE image" in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()

@@ -8,6 +8,7 @@ the installed packages, which their next upgrade puts on the ESP) is checked aga
 entries the update adds, by Authenticode hash and by signer: one hit refuses the step.
 """
 
+import errno
 import json
 import logging
 import os
@@ -243,18 +244,36 @@ def check_image(data: bytes, path: str, origin: str, missing: Additions) -> dict
 
 
 def walk_esp(top: str, label: str, missing: Additions, results: List[dict]) -> int:
-    """Every regular file under top, by descriptors (no symlink followed); the PE
-    images judged into results; the number of other files."""
+    """Every regular file under top, by descriptors (no symlink followed below top); the
+    PE images judged into results; the number of other files.  top itself is opened
+    (a symlink the admin named followed, an idle automount mounted) and walked from its
+    descriptor: fwalk on the name yields nothing when the lstat before its open differs
+    from the directory opened."""
+    try:
+        topfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise Error(
+                f"{top}: no such directory (an ESP, or a copy of one, for --esp)"
+            ) from None
+        raise Error(f"cannot read the ESP {top}: {exc.strerror}") from None
+    try:
+        return walk_fd(topfd, top, label, missing, results)
+    finally:
+        os.close(topfd)
+
+
+def walk_fd(topfd: int, top: str, label: str, missing: Additions, results: List[dict]) -> int:
     others = 0
     count = 0
     try:
-        walker = os.fwalk(top, follow_symlinks=False, onerror=raise_error)
+        walker = os.fwalk(".", dir_fd=topfd, follow_symlinks=False, onerror=raise_error)
         for dirpath, _dirs, files, dirfd in walker:
             for name in sorted(files):
                 count += 1
                 if count > MAX_ESP_FILES:
                     raise Error(f"{top}: more than {MAX_ESP_FILES} files: not an ESP")
-                shown = os.path.join(label, os.path.relpath(dirpath, top), name).replace(
+                shown = os.path.join(label, os.path.relpath(dirpath, "."), name).replace(
                     "/./", "/"
                 )
                 data = read_at(dirfd, name, shown)
@@ -322,10 +341,12 @@ def boot_path(
             "nothing written"
         )
     skipped = 0
+    empty = []
     for top, label in tops:
-        if not os.path.isdir(top):
-            raise Error(f"{top}: no such directory (an ESP, or a copy of one, for --esp)")
+        before = len(results)
         skipped += walk_esp(top, label, missing, results)
+        if len(results) == before:
+            empty.append(label)
     if packages:
         for path in package_images(root):
             try:
@@ -344,20 +365,31 @@ def boot_path(
                 )
                 continue
             results.append(check_image(data, str(path), "package", missing))
-    return {"esps": [label for _top, label in tops], "binaries": results, "other_files": skipped}
+    return {
+        "esps": [label for _top, label in tops],
+        "empty_esps": empty,
+        "binaries": results,
+        "other_files": skipped,
+    }
 
 
 def refusal(checked: dict, payload_path: str) -> Optional[str]:
-    revoked = [b for b in checked["binaries"] if b["verdict"] == "revoked"]
-    if not revoked:
+    """Why the write is refused: an ESP without a PE image (not mounted, or the wrong
+    directory), a boot-path image that the update revokes; None when nothing stands in
+    the way."""
+    parts = [
+        f"{label} holds no PE image (not the ESP, or not mounted): nothing was checked there"
+        for label in checked.get("empty_esps", [])
+    ]
+    for binary in checked["binaries"]:
+        if binary["verdict"] == "revoked":
+            hit = binary["hits"][0]
+            parts.append(
+                f"{binary['path']} is revoked by its {hit['type']} entry {hit['entry']}; "
+                f"update first: {binary['update_first']}"
+            )
+    if not parts:
         return None
-    parts = []
-    for binary in revoked:
-        hit = binary["hits"][0]
-        parts.append(
-            f"{binary['path']} is revoked by its {hit['type']} entry {hit['entry']}; "
-            f"update first: {binary['update_first']}"
-        )
     return f"{payload_path}: refused, nothing written: " + "; ".join(parts)
 
 
