@@ -667,3 +667,79 @@ def test_an_empty_mounted_esp_refuses_the_write(tmp_path, capsys, monkeypatch):
     assert "/mnt/second esp holds no PE image" in err
     assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
     assert not (root / efivarfs.BACKUP_DIR).exists()
+
+
+def broken_pe(path: Path) -> str:
+    path.write_bytes(b"MZ" + bytes(200))
+    return "not a PE image"
+
+
+def huge_pe(path: Path) -> str:
+    with path.open("wb") as f:
+        f.write(b"MZ")
+        f.truncate(efi.MAX_PE + 1)
+    return "larger than"
+
+
+@needs_shim
+@pytest.mark.parametrize("make", [broken_pe, huge_pe])
+def test_an_image_that_cannot_be_judged_refuses(tmp_path, capsys, make):
+    """A file on the ESP that looks like a PE image (MZ) and cannot be parsed or read:
+    it may be what the firmware boots, so the write is refused; every verdict listed."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = esp_copy(tmp_path, SHIM)
+    why = make(esp / "EFI/BOOT.EFI")
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp))
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused"
+    verdicts = {Path(b["path"]).name: b["verdict"] for b in result["checked"]["binaries"]}
+    assert verdicts == {"BOOT.EFI": "unreadable", "shimx64.efi": "ok"}
+    assert err.count("\n") == 1 and f"{esp}/EFI/BOOT.EFI could not be judged ({why}" in err
+
+
+@needs_shim
+@needs_grub
+def test_an_unreadable_image_refuses_the_write(tmp_path, capsys, monkeypatch):
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, ovmf_variables())
+    broken_pe(root / "boot/efi/EFI/debian/fwupdx64.efi")
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--dbx", "--payloads", str(OBJECTS))
+    assert rc == 2
+    assert "REFUSED" in out and "unreadable: /boot/efi/EFI/debian/fwupdx64.efi" in out
+    assert "/boot/efi/EFI/debian/fwupdx64.efi could not be judged" in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()
+
+
+SHA1_TYPE = "826ca512-cf10-4ac9-b187-be01496631bd"
+
+
+def sha1_list(digests) -> bytes:
+    owner = uuid.UUID(efi.MICROSOFT_OWNER).bytes_le
+    body = b"".join(owner + bytes.fromhex(d) for d in digests)
+    return uuid.UUID(SHA1_TYPE).bytes_le + struct.pack("<III", 28 + len(body), 0, 36) + body
+
+
+@needs_shim
+@needs_grub
+def test_entries_the_tool_cannot_match_refuse(tmp_path, capsys, monkeypatch, owned):
+    """An update adding SHA-1 entries (edk2 blocks an image by its SHA-1 Authenticode
+    digest too; this tool matches SHA-256 and X.509 only): refused, the entries named,
+    nothing written, every verdict still listed."""
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, owned_variables(owned))
+    blob = signed_dbx_update(owned["KEK"], hash_list(["ab" * 32]) + sha1_list(["cd" * 20]))
+    tree = owned_tree(tmp_path, "Sha1.bin", blob)
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    argv = ["--root", str(root), "--payloads", str(tree), "--dbx-update", "Optional/DBX/Sha1.bin"]
+    rc, doc, err = dbx_json(capsys, *argv)
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused" and result["missing"] == 2
+    assert {b["verdict"] for b in result["checked"]["binaries"]} == {"ok"}
+    assert err.count("\n") == 1
+    assert "entries this tool cannot match against the boot path: sha1 " + "cd" * 20 in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()

@@ -9,6 +9,7 @@ entries the update adds, by Authenticode hash and by signer: one hit refuses the
 """
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -82,11 +83,11 @@ class Additions:
 
     hashes: Dict[str, efi.Entry] = field(default_factory=dict)  # hex SHA-256
     certs: List[x509.Certificate] = field(default_factory=list)
-    other: int = 0  # kinds no image is matched against (other digests)
+    other: List[str] = field(default_factory=list)  # entries no image is matched against
 
     @property
     def count(self) -> int:
-        return len(self.hashes) + len(self.certs) + self.other
+        return len(self.hashes) + len(self.certs) + len(self.other)
 
 
 def additions(payload: payloads.Payload, dbx: Optional[efi.Variable]) -> Tuple[int, Additions]:
@@ -102,8 +103,16 @@ def additions(payload: payloads.Payload, dbx: Optional[efi.Variable]) -> Tuple[i
         elif entry.kind == "x509" and entry.cert is not None:
             missing.certs.append(entry.cert)
         else:
-            missing.other += 1
+            missing.other.append(unmatched_name(entry))
     return len(entries), missing
+
+
+def unmatched_name(entry: efi.Entry) -> str:
+    """An entry of a kind no image is matched against (another digest, a certificate that
+    does not parse), as the refusal names it."""
+    if entry.kind == "x509":
+        return f"x509 (unparsable, sha256 {hashlib.sha256(entry.data).hexdigest()})"
+    return f"{entry.kind} {entry.data.hex()}"
 
 
 def verify(
@@ -318,10 +327,11 @@ def read_at(dirfd: int, name: str, shown: str):
             return None
         if os.pread(fd, 2, 0) != b"MZ":
             return None
-        try:
-            return pe.read_fd(fd, shown)
-        except Error as exc:
-            return str(exc)
+        return pe.read_fd(fd, shown)
+    except Error as exc:
+        return str(exc)
+    except OSError as exc:  # EIO: listed as what could not be judged
+        return f"cannot read: {exc.strerror}"
     finally:
         os.close(fd)
 
@@ -373,16 +383,25 @@ def boot_path(
     }
 
 
-def refusal(checked: dict, payload_path: str) -> Optional[str]:
+def refusal(checked: dict, payload_path: str, missing: Additions) -> Optional[str]:
     """Why the write is refused: an ESP without a PE image (not mounted, or the wrong
-    directory), a boot-path image that the update revokes; None when nothing stands in
-    the way."""
+    directory), entries no image is matched against, a boot-path image that could not be
+    judged or that the update revokes; None when nothing stands in the way."""
     parts = [
         f"{label} holds no PE image (not the ESP, or not mounted): nothing was checked there"
         for label in checked.get("empty_esps", [])
     ]
+    if missing.other:
+        parts.append(
+            "the update adds entries this tool cannot match against the boot path: "
+            + ", ".join(missing.other[:5])
+            + (f" and {len(missing.other) - 5} more" if len(missing.other) > 5 else "")
+        )
     for binary in checked["binaries"]:
-        if binary["verdict"] == "revoked":
+        if binary["verdict"] == "unreadable":
+            reason = binary["reason"].replace(f"{binary['path']}: ", "", 1)
+            parts.append(f"{binary['path']} could not be judged ({reason})")
+        elif binary["verdict"] == "revoked":
             hit = binary["hits"][0]
             parts.append(
                 f"{binary['path']} is revoked by its {hit['type']} entry {hit['entry']}; "
@@ -518,7 +537,7 @@ def fix_dbx(args, directory: Path, root: Path) -> int:
         output(args, result, 1)
         return 1
     result["checked"] = boot_path(root, args.esp or [], not dump, host, missing)
-    problem = refusal(result["checked"], payload.path)
+    problem = refusal(result["checked"], payload.path, missing)
     if problem:
         result.update({"status": "refused", "error": problem})
         output(args, result, 2)
@@ -647,7 +666,7 @@ def fix_varstore(args) -> int:
         if "checked" not in seen:
             seen["checked"] = boot_path(root, args.esp or [], False, bool(args.root), missing)
         result["checked"] = seen["checked"]
-        problem = refusal(result["checked"], payload.path)
+        problem = refusal(result["checked"], payload.path, missing)
         if problem:
             result.update({"status": "refused", "error": problem})
             seen["refused"] = result
