@@ -597,3 +597,149 @@ def test_a_signature_whose_signer_is_not_found_is_judged_by_its_certificates():
     hits = dbx.judge(image, dbx.Additions(certs=[ca_2011]))
     assert [h["entry"] for h in hits] == ["Microsoft Corporation UEFI CA 2011"]
     assert dbx.judge(image, dbx.Additions(hashes={"00" * 32: None})) == []
+
+
+# --- what the boot-path check cannot see refuses the write ----------------------------------
+
+
+@needs_shim
+@needs_grub
+def test_an_esp_named_by_a_symlink_is_walked(tmp_path, capsys):
+    """--esp naming a symbolic link to the ESP: the link the admin named is followed (as
+    the open of an idle automount point mounts it); nothing below it is."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = esp_copy(tmp_path, SHIM, GRUB)
+    os.symlink("../esp", esp / "EFI/loop")
+    link = tmp_path / "esp-link"
+    os.symlink(esp, link)
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(link))
+    assert rc == 0, err
+    checked = doc["dbx"]["checked"]
+    assert checked["esps"] == [str(link)] and checked["empty_esps"] == []
+    assert sorted(b["path"] for b in checked["binaries"]) == [
+        f"{link}/EFI/debian/grubx64.efi",
+        f"{link}/EFI/debian/shimx64.efi",
+    ]
+    assert {b["verdict"] for b in checked["binaries"]} == {"ok"}
+
+
+@pytest.mark.parametrize("content", ["nothing", "grub.cfg only"])
+def test_an_esp_without_pe_images_refuses(tmp_path, capsys, content):
+    """An --esp directory with no PE image (the wrong directory, an ESP not mounted):
+    nothing was checked there, so the write is refused."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = tmp_path / "esp"
+    (esp / "EFI/debian").mkdir(parents=True)
+    if content != "nothing":
+        (esp / "EFI/debian/grub.cfg").write_text("configfile $prefix/grub.cfg\n")
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp))
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused" and result["checked"]["empty_esps"] == [str(esp)]
+    assert err.count("\n") == 1
+    assert f"{esp} holds no PE image" in err and "nothing written" in err
+
+
+def test_an_esp_that_is_no_directory_refuses(tmp_path, capsys):
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    (tmp_path / "file").write_text("x")
+    for esp in (tmp_path / "missing", tmp_path / "file"):
+        rc, out, err = run(
+            capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp),
+            "--fix", "--dbx", "--payloads", str(OBJECTS),
+        )  # fmt: skip
+        assert rc == 2 and f"{esp}: no such directory" in err
+
+
+@needs_shim
+@needs_grub
+def test_an_empty_mounted_esp_refuses_the_write(tmp_path, capsys, monkeypatch):
+    """An ESP in the mount table whose walk finds no PE image (an automount that did not
+    mount, the wrong file system): refused, dbx as it was, no backup."""
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, ovmf_variables())
+    os.unlink(root / "mnt/second esp/EFI/BOOT/BOOTX64.EFI")
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    rc, doc, err = dbx_json(capsys, "--root", str(root))
+    assert rc == 2
+    assert doc["dbx"]["status"] == "refused" and doc["dbx"]["written"] is False
+    assert doc["dbx"]["checked"]["empty_esps"] == ["/mnt/second esp"]
+    assert "/mnt/second esp holds no PE image" in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()
+
+
+def broken_pe(path: Path) -> str:
+    path.write_bytes(b"MZ" + bytes(200))
+    return "not a PE image"
+
+
+def huge_pe(path: Path) -> str:
+    with path.open("wb") as f:
+        f.write(b"MZ")
+        f.truncate(efi.MAX_PE + 1)
+    return "larger than"
+
+
+@needs_shim
+@pytest.mark.parametrize("make", [broken_pe, huge_pe])
+def test_an_image_that_cannot_be_judged_refuses(tmp_path, capsys, make):
+    """A file on the ESP that looks like a PE image (MZ) and cannot be parsed or read:
+    it may be what the firmware boots, so the write is refused; every verdict listed."""
+    efivars = write_efivars(tmp_path / "efivars", ovmf_variables())
+    esp = esp_copy(tmp_path, SHIM)
+    why = make(esp / "EFI/BOOT.EFI")
+    rc, doc, err = dbx_json(capsys, "--efivars", str(efivars), "--dry-run", "--esp", str(esp))
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused"
+    verdicts = {Path(b["path"]).name: b["verdict"] for b in result["checked"]["binaries"]}
+    assert verdicts == {"BOOT.EFI": "unreadable", "shimx64.efi": "ok"}
+    assert err.count("\n") == 1 and f"{esp}/EFI/BOOT.EFI could not be judged ({why}" in err
+
+
+@needs_shim
+@needs_grub
+def test_an_unreadable_image_refuses_the_write(tmp_path, capsys, monkeypatch):
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, ovmf_variables())
+    broken_pe(root / "boot/efi/EFI/debian/fwupdx64.efi")
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    rc, out, err = run(capsys, "--root", str(root), "--fix", "--dbx", "--payloads", str(OBJECTS))
+    assert rc == 2
+    assert "REFUSED" in out and "unreadable: /boot/efi/EFI/debian/fwupdx64.efi" in out
+    assert "/boot/efi/EFI/debian/fwupdx64.efi could not be judged" in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()
+
+
+SHA1_TYPE = "826ca512-cf10-4ac9-b187-be01496631bd"
+
+
+def sha1_list(digests) -> bytes:
+    owner = uuid.UUID(efi.MICROSOFT_OWNER).bytes_le
+    body = b"".join(owner + bytes.fromhex(d) for d in digests)
+    return uuid.UUID(SHA1_TYPE).bytes_le + struct.pack("<III", 28 + len(body), 0, 36) + body
+
+
+@needs_shim
+@needs_grub
+def test_entries_the_tool_cannot_match_refuse(tmp_path, capsys, monkeypatch, owned):
+    """An update adding SHA-1 entries (edk2 blocks an image by its SHA-1 Authenticode
+    digest too; this tool matches SHA-256 and X.509 only): refused, the entries named,
+    nothing written, every verdict still listed."""
+    firmware(monkeypatch)
+    root = fake_machine(tmp_path, owned_variables(owned))
+    blob = signed_dbx_update(owned["KEK"], hash_list(["ab" * 32]) + sha1_list(["cd" * 20]))
+    tree = owned_tree(tmp_path, "Sha1.bin", blob)
+    before = efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data
+    argv = ["--root", str(root), "--payloads", str(tree), "--dbx-update", "Optional/DBX/Sha1.bin"]
+    rc, doc, err = dbx_json(capsys, *argv)
+    assert rc == 2
+    result = doc["dbx"]
+    assert result["status"] == "refused" and result["missing"] == 2
+    assert {b["verdict"] for b in result["checked"]["binaries"]} == {"ok"}
+    assert err.count("\n") == 1
+    assert "entries this tool cannot match against the boot path: sha1 " + "cd" * 20 in err
+    assert efi.read_efivars(root / efivarfs.EFIVARS)["dbx"].data == before
+    assert not (root / efivarfs.BACKUP_DIR).exists()

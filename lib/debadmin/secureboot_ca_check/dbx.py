@@ -8,6 +8,8 @@ the installed packages, which their next upgrade puts on the ESP) is checked aga
 entries the update adds, by Authenticode hash and by signer: one hit refuses the step.
 """
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -81,11 +83,11 @@ class Additions:
 
     hashes: Dict[str, efi.Entry] = field(default_factory=dict)  # hex SHA-256
     certs: List[x509.Certificate] = field(default_factory=list)
-    other: int = 0  # kinds no image is matched against (other digests)
+    other: List[str] = field(default_factory=list)  # entries no image is matched against
 
     @property
     def count(self) -> int:
-        return len(self.hashes) + len(self.certs) + self.other
+        return len(self.hashes) + len(self.certs) + len(self.other)
 
 
 def additions(payload: payloads.Payload, dbx: Optional[efi.Variable]) -> Tuple[int, Additions]:
@@ -101,8 +103,16 @@ def additions(payload: payloads.Payload, dbx: Optional[efi.Variable]) -> Tuple[i
         elif entry.kind == "x509" and entry.cert is not None:
             missing.certs.append(entry.cert)
         else:
-            missing.other += 1
+            missing.other.append(unmatched_name(entry))
     return len(entries), missing
+
+
+def unmatched_name(entry: efi.Entry) -> str:
+    """An entry of a kind no image is matched against (another digest, a certificate that
+    does not parse), as the refusal names it."""
+    if entry.kind == "x509":
+        return f"x509 (unparsable, sha256 {hashlib.sha256(entry.data).hexdigest()})"
+    return f"{entry.kind} {entry.data.hex()}"
 
 
 def verify(
@@ -243,18 +253,36 @@ def check_image(data: bytes, path: str, origin: str, missing: Additions) -> dict
 
 
 def walk_esp(top: str, label: str, missing: Additions, results: List[dict]) -> int:
-    """Every regular file under top, by descriptors (no symlink followed); the PE
-    images judged into results; the number of other files."""
+    """Every regular file under top, by descriptors (no symlink followed below top); the
+    PE images judged into results; the number of other files.  top itself is opened
+    (a symlink the admin named followed, an idle automount mounted) and walked from its
+    descriptor: fwalk on the name yields nothing when the lstat before its open differs
+    from the directory opened."""
+    try:
+        topfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise Error(
+                f"{top}: no such directory (an ESP, or a copy of one, for --esp)"
+            ) from None
+        raise Error(f"cannot read the ESP {top}: {exc.strerror}") from None
+    try:
+        return walk_fd(topfd, top, label, missing, results)
+    finally:
+        os.close(topfd)
+
+
+def walk_fd(topfd: int, top: str, label: str, missing: Additions, results: List[dict]) -> int:
     others = 0
     count = 0
     try:
-        walker = os.fwalk(top, follow_symlinks=False, onerror=raise_error)
+        walker = os.fwalk(".", dir_fd=topfd, follow_symlinks=False, onerror=raise_error)
         for dirpath, _dirs, files, dirfd in walker:
             for name in sorted(files):
                 count += 1
                 if count > MAX_ESP_FILES:
                     raise Error(f"{top}: more than {MAX_ESP_FILES} files: not an ESP")
-                shown = os.path.join(label, os.path.relpath(dirpath, top), name).replace(
+                shown = os.path.join(label, os.path.relpath(dirpath, "."), name).replace(
                     "/./", "/"
                 )
                 data = read_at(dirfd, name, shown)
@@ -299,10 +327,11 @@ def read_at(dirfd: int, name: str, shown: str):
             return None
         if os.pread(fd, 2, 0) != b"MZ":
             return None
-        try:
-            return pe.read_fd(fd, shown)
-        except Error as exc:
-            return str(exc)
+        return pe.read_fd(fd, shown)
+    except Error as exc:
+        return str(exc)
+    except OSError as exc:  # EIO: listed as what could not be judged
+        return f"cannot read: {exc.strerror}"
     finally:
         os.close(fd)
 
@@ -322,10 +351,12 @@ def boot_path(
             "nothing written"
         )
     skipped = 0
+    empty = []
     for top, label in tops:
-        if not os.path.isdir(top):
-            raise Error(f"{top}: no such directory (an ESP, or a copy of one, for --esp)")
+        before = len(results)
         skipped += walk_esp(top, label, missing, results)
+        if len(results) == before:
+            empty.append(label)
     if packages:
         for path in package_images(root):
             try:
@@ -344,20 +375,40 @@ def boot_path(
                 )
                 continue
             results.append(check_image(data, str(path), "package", missing))
-    return {"esps": [label for _top, label in tops], "binaries": results, "other_files": skipped}
+    return {
+        "esps": [label for _top, label in tops],
+        "empty_esps": empty,
+        "binaries": results,
+        "other_files": skipped,
+    }
 
 
-def refusal(checked: dict, payload_path: str) -> Optional[str]:
-    revoked = [b for b in checked["binaries"] if b["verdict"] == "revoked"]
-    if not revoked:
-        return None
-    parts = []
-    for binary in revoked:
-        hit = binary["hits"][0]
+def refusal(checked: dict, payload_path: str, missing: Additions) -> Optional[str]:
+    """Why the write is refused: an ESP without a PE image (not mounted, or the wrong
+    directory), entries no image is matched against, a boot-path image that could not be
+    judged or that the update revokes; None when nothing stands in the way."""
+    parts = [
+        f"{label} holds no PE image (not the ESP, or not mounted): nothing was checked there"
+        for label in checked.get("empty_esps", [])
+    ]
+    if missing.other:
         parts.append(
-            f"{binary['path']} is revoked by its {hit['type']} entry {hit['entry']}; "
-            f"update first: {binary['update_first']}"
+            "the update adds entries this tool cannot match against the boot path: "
+            + ", ".join(missing.other[:5])
+            + (f" and {len(missing.other) - 5} more" if len(missing.other) > 5 else "")
         )
+    for binary in checked["binaries"]:
+        if binary["verdict"] == "unreadable":
+            reason = binary["reason"].replace(f"{binary['path']}: ", "", 1)
+            parts.append(f"{binary['path']} could not be judged ({reason})")
+        elif binary["verdict"] == "revoked":
+            hit = binary["hits"][0]
+            parts.append(
+                f"{binary['path']} is revoked by its {hit['type']} entry {hit['entry']}; "
+                f"update first: {binary['update_first']}"
+            )
+    if not parts:
+        return None
     return f"{payload_path}: refused, nothing written: " + "; ".join(parts)
 
 
@@ -486,7 +537,7 @@ def fix_dbx(args, directory: Path, root: Path) -> int:
         output(args, result, 1)
         return 1
     result["checked"] = boot_path(root, args.esp or [], not dump, host, missing)
-    problem = refusal(result["checked"], payload.path)
+    problem = refusal(result["checked"], payload.path, missing)
     if problem:
         result.update({"status": "refused", "error": problem})
         output(args, result, 2)
@@ -615,7 +666,7 @@ def fix_varstore(args) -> int:
         if "checked" not in seen:
             seen["checked"] = boot_path(root, args.esp or [], False, bool(args.root), missing)
         result["checked"] = seen["checked"]
-        problem = refusal(result["checked"], payload.path)
+        problem = refusal(result["checked"], payload.path, missing)
         if problem:
             result.update({"status": "refused", "error": problem})
             seen["refused"] = result
