@@ -311,3 +311,34 @@ def test_revert_names_what_it_passes_over(tmp_path, capsys, caplog):
     assert rc == 0, err
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "shadow" in r.getMessage()]
     assert said == [("WARNING", f"{machine}/shadow.journal is a symbolic link, never followed")]
+
+
+def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
+    """A file that inherited staff's default entry, recorded by a later apply of ops:
+    its base is rewritten only once the revert of staff wrote it."""
+    root, machine = image(tmp_path)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    late = machine / "late.journal"
+    late.write_text("x")
+    os.chmod(late, 0o640)  # others do not read it: ops needs an entry, and a record
+    assert (W.GROUP, 5050) in acl(late)
+    assert run(capsys, "apply", "--root", str(root), "-g", "ops")[0] == 0
+    real, refused = W.Node.set_acls, []
+
+    def refuse(node, access, default):
+        if node.path.endswith("/late.journal") and not refused:
+            refused.append(node.path)
+            raise W.AclError(f"cannot set the ACL of {W.shown(node.path)}: refused", "refused")
+        return real(node, access, default)
+
+    monkeypatch.setattr(W.Node, "set_acls", refuse)
+    rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 1 and refused
+    shown = W.shown(refused[0])
+    line = f"not restored: cannot set the ACL of {shown}: refused (its record is kept)"
+    assert line in out.splitlines(), out
+    assert (W.GROUP, 5050) in acl(late)
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, out + err
+    assert (W.GROUP, 5050) not in acl(late)
+    assert (W.GROUP, 5060) in acl(late)

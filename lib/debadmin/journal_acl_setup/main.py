@@ -1439,8 +1439,8 @@ def _run_steps(
             action()
             say(f"done: {text}")
     problems = tree.problems if tree is not None else []
-    for path, message in problems:
-        print(f"not restored: {message}" if path is None else f"not restored: {message}")
+    for _path, message in problems:
+        print(f"not restored: {message}")
     if not args.dry_run:
         say(f"{journal} and the log files in it were left in place")
     if problems:
