@@ -1077,6 +1077,16 @@ def test_grant_all_is_the_same_in_any_order_and_strip_never_widens():
     assert W.strip_groups(default, {50}) == {(W.USER_OBJ, U): 7, (GO, U): 5, (O, U): 0}
 
 
+def test_a_default_acl_losing_its_mask_keeps_the_owning_group_masked():
+    """Without a mask, a default ACL's owning group entry is what later files give their
+    group: what the mask let it have, never the wider entry behind it."""
+    default = {(W.USER_OBJ, U): 7, (GO, U): 7, (G, 50): 5, (M, U): 5, (O, U): 0}
+    assert W.strip_groups(default, {50}) == {(W.USER_OBJ, U): 7, (GO, U): 5, (O, U): 0}
+    access = {(W.USER_OBJ, U): 7, (GO, U): 7, (G, 4): 5, (M, U): 5, (O, U): 0}
+    assert W.default_base(access) == {(W.USER_OBJ, U): 7, (GO, U): 5, (O, U): 0}
+    assert W.default_base(W.from_mode(0o750)) == W.from_mode(0o750)
+
+
 def test_skips_keep_every_action_and_summarise_the_rest():
     skips = W.Skips()
     for i in range(1000):

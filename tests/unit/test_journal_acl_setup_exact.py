@@ -311,3 +311,88 @@ def test_revert_names_what_it_passes_over(tmp_path, capsys, caplog):
     assert rc == 0, err
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "shadow" in r.getMessage()]
     assert said == [("WARNING", f"{machine}/shadow.journal is a symbolic link, never followed")]
+
+
+def regid(root, gid):
+    (root / "etc/group").write_text(GROUPS.replace("staff:x:5050:", f"staff:x:{gid}:"))
+
+
+def records(root, gid):
+    """How many records of the state database still name gid (granted or inherited)."""
+    state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
+    if not state.exists():
+        return 0
+    with sqlite3.connect(state) as db:
+        rows = db.execute("SELECT gids, later FROM acl").fetchall()
+    return sum(str(gid) in (granted + " " + later).split() for granted, later in rows)
+
+
+def test_revert_after_the_gid_changed_takes_the_recorded_gid(tmp_path, capsys):
+    root, machine = image(tmp_path)
+    (machine / "system.journal").write_text("x")
+    before = tree(root)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    regid(root, 5051)
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, out + err
+    assert tree(root) == before
+    assert records(root, 5050) == 0
+
+
+def test_revert_takes_the_current_gid_too_where_apply_made_its_entries(tmp_path, capsys):
+    """staff applied as 5050, renumbered and applied again as 5051 (the 5050 records
+    left behind), then back to 5050: revert takes both, by the records."""
+    root, machine = image(tmp_path)
+    (machine / "system.journal").write_text("x")
+    before = tree(root)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    regid(root, 5051)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    regid(root, 5050)
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, out + err
+    assert tree(root) == before
+    assert records(root, 5050) == records(root, 5051) == 0
+
+
+def test_records_of_a_gid_no_applied_group_has_are_reported(tmp_path, capsys):
+    root, machine = image(tmp_path)
+    (machine / "system.journal").write_text("x")
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff", "-g", "ops")[0] == 0
+    regid(root, 5051)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    _, _, err = run(capsys, "revert", "--root", str(root), "-g", "ops")
+    assert "name gid 5050, which no applied group has" in err
+    # said, and left: nothing says whose they are now
+    assert (W.GROUP, 5050) in W.entries(W.posix1e.ACL(filedef=str(machine)))
+
+
+def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
+    """A file that inherited staff's default entry, recorded by a later apply of ops:
+    its base is rewritten only once the revert of staff wrote it."""
+    root, machine = image(tmp_path)
+    assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
+    late = machine / "late.journal"
+    late.write_text("x")
+    os.chmod(late, 0o640)  # others do not read it: ops needs an entry, and a record
+    assert (W.GROUP, 5050) in acl(late)
+    assert run(capsys, "apply", "--root", str(root), "-g", "ops")[0] == 0
+    real, refused = W.Node.set_acls, []
+
+    def refuse(node, access, default):
+        if node.path.endswith("/late.journal") and not refused:
+            refused.append(node.path)
+            raise W.AclError(f"cannot set the ACL of {W.shown(node.path)}: refused", "refused")
+        return real(node, access, default)
+
+    monkeypatch.setattr(W.Node, "set_acls", refuse)
+    rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 1 and refused
+    shown = W.shown(refused[0])
+    line = f"not restored: cannot set the ACL of {shown}: refused (its record is kept)"
+    assert line in out.splitlines(), out
+    assert (W.GROUP, 5050) in acl(late)
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, out + err
+    assert (W.GROUP, 5050) not in acl(late)
+    assert (W.GROUP, 5060) in acl(late)

@@ -1302,9 +1302,16 @@ class Reverting:
     """One revert of the tree: the groups, and what the walk left (problems)."""
 
     def __init__(
-        self, journal: Path, gone: Dict[str, int], root: Path, store: Any, strip: bool
+        self,
+        journal: Path,
+        gone: Dict[str, int],
+        root: Path,
+        store: Any,
+        strip: bool,
+        also: Optional[Set[int]] = None,
     ) -> None:
         self.journal, self.gone, self.store, self.strip = journal, gone, store, strip
+        self.also = also or set()  # gids reverted besides gone's (renumbered groups)
         self.uids = journal_uids(root)
         self.problems: List[Tuple[Optional[str], str]] = []
         self.noted: Set[str] = set()
@@ -1320,7 +1327,7 @@ class Reverting:
             outcome = revert.revoke(
                 fd,
                 str(self.journal),
-                set(self.gone.values()),
+                set(self.gone.values()) | self.also,
                 self.uids,
                 self.store,
                 dry_run,
@@ -1439,8 +1446,8 @@ def _run_steps(
             action()
             say(f"done: {text}")
     problems = tree.problems if tree is not None else []
-    for path, message in problems:
-        print(f"not restored: {message}" if path is None else f"not restored: {message}")
+    for _path, message in problems:
+        print(f"not restored: {message}")
     if not args.dry_run:
         say(f"{journal} and the log files in it were left in place")
     if problems:
@@ -1477,15 +1484,18 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
     steps: List[Step] = []
     # adm's entries are systemd's own: its tmpfiles.d/systemd.conf sets default ACLs for
     # adm, so every file journald creates carries them; removing them would take from
-    # adm what a stock system gives it.  A group deleted since its apply is reverted by
-    # the gid recorded then; without a record only its drop-in lines are left.
+    # adm what a stock system gives it.  An applied group is reverted by the gid
+    # recorded at apply (deleted or renumbered since); without a record only its
+    # drop-in lines are left.
     reverted = {
-        name: gid if gid is not None else applied[name]
+        name: applied[name] if name in applied else gid
         for name, gid in groups.items()
         if name != STOCK_GROUP and (gid is not None or name in applied)
     }
     remaining = {n: g for n, g in applied.items() if n not in reverted}
     strip = getattr(args, "strip", False)
+    also = renumbered_gids(store, groups, applied, remaining, strip)
+    report_orphans(store, set(applied.values()) | also)
     if strip:
         gone = reverted
     else:
@@ -1493,7 +1503,7 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
         gone = {n: g for n, g in reverted.items() if n in applied}
         if not store.usable:
             refuse_without_state(store, journal, reverted, root)
-    tree = Reverting(journal, gone, root, store, strip) if gone else None
+    tree = Reverting(journal, gone, root, store, strip, also) if gone else None
     if tree is not None:
         steps += tree.steps()
     steps += _store_steps(store, applied, reverted, remaining, tree)
@@ -1504,6 +1514,35 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
     if not args.all:
         steps += _configuration_steps(root, groups)
     return _run_steps(args, steps, journal, say, tree)
+
+
+def renumbered_gids(
+    store: Any,
+    groups: Dict[str, Optional[int]],
+    applied: Dict[str, int],
+    remaining: Dict[str, int],
+    strip: bool,
+) -> Set[int]:
+    """The current gids of applied groups renumbered since their apply, reverted too:
+    with --strip every entry of the group goes; else only where records of apply name
+    the gid and no group left applied has it (apply's entries, and nobody else's)."""
+    also: Set[int] = set()
+    for name, gid in groups.items():
+        if name == STOCK_GROUP or name not in applied or gid in (None, applied[name]):
+            continue
+        if strip or gid not in remaining.values() and any(store.holding({gid})):
+            also.add(gid)
+    return also
+
+
+def report_orphans(store: Any, known: Set[int]) -> None:
+    """Records naming a gid no applied group has (a group renumbered and applied again):
+    no revert by name reaches their entries, so they are said, not silently kept."""
+    for gid, count in sorted(store.orphans(known).items()):
+        warn(
+            f"{count} record(s) in {store.path} name gid {gid}, which no applied group "
+            "has: a revert by group name does not take their entries out"
+        )
 
 
 def forget_applied(store: Any, remaining: Dict[str, int]) -> None:

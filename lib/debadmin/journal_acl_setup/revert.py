@@ -97,7 +97,7 @@ def revoke(
             if _node(node, gone, state, parent, from_apply, outcome, dry_run):
                 outcome.touched += 1
         except walker.AclError as exc:
-            outcome.problems.append((node.path, f"not restored: {exc} (its record is kept)"))
+            outcome.problems.append((node.path, f"{exc} (its record is kept)"))
     if state is not None and state.db is not None:
         if not dry_run:
             state.commit()
@@ -212,12 +212,18 @@ def _restore(
         stripped = walker.strip_groups(base_default, inherited)
         if stripped is not None:
             base_default, old_default = stripped, walker.posixacl.pack(stripped)
-        if not dry_run:
+
+    def rebase() -> None:
+        # Only once the inode took what it is given: a refused write (AclError) keeps
+        # the record as it was, for the next revert to find the entries it inherited.
+        if inherited:
             store.set_base(*key, old_access, old_default, mode, later - gone)
+
     left = gids - gone
     if not left:
         if not dry_run:
             walker.restore(node, old_access, old_default, mode)
+            rebase()
             if walker.named_gids(base) | walker.named_gids(base_default):
                 # What it held before holds a group's entries: kept, so that a revert of
                 # that group knows they were there before its apply.
@@ -227,9 +233,12 @@ def _restore(
         return True
     target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
     if target == made:
+        if not dry_run:
+            rebase()
         return bool(inherited)
     if not dry_run:
         node.set_acls(target[0], target[1] if node.is_dir else None)
+        rebase()
         store.set_gids(*key, left)
     return True
 

@@ -199,6 +199,18 @@ class Store:
             if named:
                 yield ino, gen, _text(named)
 
+    def orphans(self, known: Set[int]) -> Dict[int, int]:
+        """The gids records name (granted or inherited) that are not in known: gid ->
+        how many records name it."""
+        counts: Dict[int, int] = {}
+        if self.db is None:
+            return counts
+        later = "later" if self.later else "''"
+        for granted, inherited in self.db.execute(f"SELECT gids, {later} FROM acl"):
+            for gid in (_ids(granted) | _ids(inherited)) - known:
+                counts[gid] = counts.get(gid, 0) + 1
+        return counts
+
     def forget(self, ino: int, gen: int) -> None:
         self._run("DELETE FROM acl WHERE ino = ? AND gen = ?", (ino, gen))
 

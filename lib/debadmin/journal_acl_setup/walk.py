@@ -328,8 +328,13 @@ def _named_can(entries: Optional[Entries], gid: int, want: int) -> bool:
 
 
 def default_base(access: Entries) -> Entries:
-    """A new default ACL starts from the directory's owner, group and other entries."""
-    return {k: v for k, v in access.items() if k[0] in (USER_OBJ, GROUP_OBJ, OTHER)}
+    """A new default ACL starts from the directory's owner, group and other entries, the
+    owning group's as its mask lets it read (it has no mask of its own to narrow it)."""
+    base = {k: v for k, v in access.items() if k[0] in (USER_OBJ, GROUP_OBJ, OTHER)}
+    mask = access.get((MASK, UNDEFINED))
+    if mask is not None and (GROUP_OBJ, UNDEFINED) in base:
+        base[(GROUP_OBJ, UNDEFINED)] &= mask
+    return base
 
 
 def without(entries: Optional[Entries], gids: Set[int]) -> Optional[Entries]:
@@ -374,15 +379,16 @@ def strip_groups(
     """entries without the named entries of gids, for an inode apply did not record (a
     file journald made after apply, inheriting the default ACL): the mask narrowed to
     what the entries left need and never wider than it was; with no named entry left,
-    the owner, owning group (through the mask, as it read) and other entries, or for a
-    default ACL (minimal None) the same without a mask.  minimal only says it is an
-    access ACL.  None when there is nothing of gids to remove."""
+    the owner, owning group (through the mask, as it read) and other entries, for an
+    access ACL and a default ACL (minimal None) alike: a default ACL's owning group
+    entry is what later files give their group.  minimal only says it is an access ACL.
+    None when there is nothing of gids to remove."""
     rest = without(entries, gids)
     if rest is None:
         return None
     mask = rest.pop((MASK, UNDEFINED), None)
     if not _named(rest):
-        if minimal is not None and mask is not None:
+        if mask is not None:
             rest[(GROUP_OBJ, UNDEFINED)] = rest.get((GROUP_OBJ, UNDEFINED), 0) & mask
         return rest
     if mask is not None:
