@@ -1,6 +1,7 @@
 """journal-acl-setup: nobody but the granted groups gains a right, and revert gives back
 exactly what was there (issue 33), on real files through the command line."""
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -142,7 +143,7 @@ def test_two_groups_in_either_order_end_exact(tmp_path, capsys, order):
     assert not {(W.GROUP, 5050), (W.GROUP, 5060)} & set(new)
     os.unlink(machine / "system@2.journal")
     assert tree(root) == before
-    with sqlite3.connect(state) as db:  # adm's (the image's first apply) is left
+    with contextlib.closing(sqlite3.connect(state)) as db:  # adm's (the image's first apply) is left
         assert db.execute("SELECT name FROM applied").fetchall() == [("adm",)]
 
 
@@ -198,7 +199,7 @@ def test_a_file_revert_cannot_reach_keeps_its_record(tmp_path, capsys):
     rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 1 and "not restored" in out and "hard links" in out
     state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
-    with sqlite3.connect(state) as db:
+    with contextlib.closing(sqlite3.connect(state)) as db:
         assert db.execute("SELECT count(*) FROM acl WHERE gids != ''").fetchone()[0] == 1
         assert [r[0] for r in db.execute("SELECT name FROM applied")] == ["adm", "staff"]
     os.unlink(tmp_path / "elsewhere")
@@ -322,7 +323,7 @@ def records(root, gid):
     state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
     if not state.exists():
         return 0
-    with sqlite3.connect(state) as db:
+    with contextlib.closing(sqlite3.connect(state)) as db:
         rows = db.execute("SELECT gids, later FROM acl").fetchall()
     return sum(str(gid) in (granted + " " + later).split() for granted, later in rows)
 
