@@ -509,17 +509,7 @@ def cmd_fix_dbx(args) -> int:
         raise Error("--dbx works on this machine's firmware, an --efivars dump or --varstore")
     if args.varstore:
         return fix_varstore(args)
-    directory = efivarfs.firmware_directory(args)
-    root = Path(args.root or "/")
-    if args.dry_run:
-        return fix_dbx(args, directory, root)
-    lock = root / efivarfs.LOCK
-    try:
-        os.makedirs(lock.parent, exist_ok=True)
-    except OSError as exc:
-        raise Error(f"cannot create {lock.parent}: {exc.strerror}") from None
-    with fsutil.locked(lock, wait=False):
-        return fix_dbx(args, directory, root)
+    return efivarfs.run_locked(args, fix_dbx)
 
 
 def fix_dbx(args, directory: Path, root: Path) -> int:

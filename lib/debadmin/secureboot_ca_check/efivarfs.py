@@ -1160,17 +1160,23 @@ def report_failure(result: dict) -> None:
 
 def cmd_fix_firmware(args) -> int:
     """--fix on the running machine's efivarfs, or --efivars DIR --fix --dry-run."""
+    return run_locked(args, fix_firmware)
+
+
+def run_locked(args, fix) -> int:
+    """fix(args, directory, root) on the firmware directory, under the lock that keeps two
+    writers of the firmware's variables apart (a dry run writes nothing: no lock)."""
     directory = firmware_directory(args)
     root = Path(args.root or "/")
     if args.dry_run:
-        return fix_firmware(args, directory, root)
+        return fix(args, directory, root)
     lock = root / LOCK
     try:
         os.makedirs(lock.parent, exist_ok=True)
     except OSError as exc:
         raise Error(f"cannot create {lock.parent}: {exc.strerror}") from None
     with fsutil.locked(lock, wait=False):
-        return fix_firmware(args, directory, root)
+        return fix(args, directory, root)
 
 
 def fix_firmware(args, directory: Path, root: Path) -> int:
