@@ -23,7 +23,6 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from cryptography import x509
 
-from debadmin import fsutil
 from debadmin.errors import Error
 from debadmin.output import emit_json
 from debadmin.secureboot_ca_check import efi, efivarfs, fix, payloads, pe
