@@ -673,7 +673,10 @@ def grant_tree(
                         if recording and holds & first:
                             key = (node.st.st_ino, generation(node.fd))
                             if store.lookup(*key) is None:
-                                store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), ())
+                                store.record(
+                                    *key, node.is_dir, node.st.st_mode, *node.raw(), (),
+                                    holds & previous,
+                                )
                         continue
                     key = (node.st.st_ino, generation(node.fd))
                     record = store.lookup(*key)
