@@ -310,6 +310,21 @@ def scenarios(draw):
         [(1, "create", "d0", None)],
     )
 )
+# Found by a random run: a file changed by hand after the first of three applies lost
+# its whole record at the first revert, so the third group's entry stayed for good.
+@example(
+    scenario=(
+        [
+            ("d1", True, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0},
+             {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0, (GROUP, 88): 0,
+              (GROUP, 5060): 5, (GROUP, 5050): 0, (MASK, U): 0}),
+            ("d1/f2", False, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 1}, None),
+        ],
+        [5050, 5070, 5060],
+        [5050, 5070, 5060],
+        [(1, "chmod", "d1/f2", 0)],
+    )
+)
 def test_apply_then_revert_in_any_order_is_exact(scenario):
     spec, groups, reverts, hand = scenario
     with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:

@@ -159,12 +159,48 @@ def _node(
         return False
     outcome.met.add(key)
     if made != (access, default):
-        # Changed since apply: take off what apply gave, leave the rest as it is.
+        # Changed since apply: take off what apply gave, leave the rest as it is.  An
+        # entry it inherited from a reverted group is apply's, not one to give back.
+        old_access, old_default, mode, base, base_default = _without(record, gone, node.is_dir)
         changed = _set(node, access, default, hit, base, base_default, dry_run)
         if not dry_run:
-            store.forget(*key)
+            _keep(store, key, gids - gone, later - gone, old_access, old_default, mode, base,
+                  base_default)
         return changed
     return _restore(node, key, record, made, gone, store, dry_run)
+
+
+def _without(record: Any, gone: Set[int], is_dir: bool):
+    """The record's raw access and default ACL, mode, and parsed entries, without the
+    entries it inherited from a group in gone (apply's, not the inode's own)."""
+    _, mode, old_access, old_default, _, later = record
+    base = walker.parse(old_access) or walker.from_mode(mode)
+    base_default = walker.parse(old_default) if is_dir else None
+    inherited = gone & later
+    if inherited:
+        stripped = walker.strip_groups(base, inherited, {})
+        if stripped is not None:
+            base, mode = stripped, walker.mode_of(stripped, mode)
+            old_access = walker.attribute(base)
+        stripped = walker.strip_groups(base_default, inherited)
+        if stripped is not None:
+            base_default, old_default = stripped, walker.posixacl.pack(stripped)
+    return old_access, old_default, mode, base, base_default
+
+
+def _keep(store, key, left, later, old_access, old_default, mode, base, base_default) -> None:
+    """After a revert changed an inode by hand-changed rules: its record stays for the
+    groups still applied (and the ones it inherited), or, when none is left, as a
+    record of nothing granted if what it held before holds a group's entries (so a
+    revert of that group knows they were there), else it goes."""
+    if left or later:
+        store.set_base(*key, old_access, old_default, mode, later)
+        store.set_gids(*key, left)
+    elif walker.named_gids(base) | walker.named_gids(base_default):
+        store.set_base(*key, old_access, old_default, mode, ())
+        store.set_gids(*key, ())
+    else:
+        store.forget(*key)
 
 
 def _set(
@@ -199,19 +235,10 @@ def _restore(
     """An inode that holds what apply made of its record: the record back, without
     the entries it inherited from the groups gone, or what apply makes of that for the
     groups left."""
-    _, mode, old_access, old_default, gids, later = record
-    base = walker.parse(old_access) or walker.from_mode(mode)
-    base_default = walker.parse(old_default) if node.is_dir else None
+    gids, later = record[4], record[5]
     inherited = gone & later
-    if inherited:
-        # Entries it inherited from apply's default ACL: not part of what it gets back.
-        stripped = walker.strip_groups(base, inherited, {})
-        if stripped is not None:
-            base, mode = stripped, walker.mode_of(stripped, mode)
-            old_access = walker.attribute(base)
-        stripped = walker.strip_groups(base_default, inherited)
-        if stripped is not None:
-            base_default, old_default = stripped, walker.posixacl.pack(stripped)
+    # Entries it inherited from apply's default ACL: not part of what it gets back.
+    old_access, old_default, mode, base, base_default = _without(record, gone, node.is_dir)
 
     def rebase() -> None:
         # Only once the inode took what it is given: a refused write (AclError) keeps
