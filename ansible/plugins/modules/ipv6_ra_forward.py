@@ -67,6 +67,16 @@ options:
         (C(--networkd)).
     type: bool
     default: false
+  not_uplinks:
+    description:
+      - With C(state=present), interfaces that may lose their RA-learned routes and
+        addresses when forwarding goes on (C(--not-uplink), repeated). Without them an
+        enable that would cost another interface its RA route is refused and fails the
+        task. The tool remembers them in C(NOT_UPLINKS) of
+        C(/etc/default/ipv6-ra-forward), so a second run changes nothing.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -78,6 +88,11 @@ EXAMPLES = r"""
 - name: Interfaces and their RA routes
   ansible.builtin.debug:
     var: ra.report.interfaces
+
+- name: Forward IPv6 through eth0; the VLAN eth0.20 may lose its RA route
+  debadmin.tools.ipv6_ra_forward:
+    uplinks: [eth0]
+    not_uplinks: [eth0.20]
 
 - name: Back to the state before
   debadmin.tools.ipv6_ra_forward:
@@ -141,11 +156,14 @@ def main():
             forwarding=dict(type="bool", default=True),
             persist=dict(type="bool", default=True),
             networkd=dict(type="bool", default=False),
+            not_uplinks=dict(type="list", elements="str", default=[]),
         ),
         required_if=[("state", "present", ("uplinks",)), ("state", "absent", ("uplinks",))],
         supports_check_mode=True,
     )
     p = module.params
+    if p["not_uplinks"] and p["state"] != "present":
+        module.fail_json(msg="not_uplinks goes with state=present only")
     tool = Tool(module, PROG)
     result = dict(changed=False, changes=[], not_applicable=False)
     enable_rc = 0
@@ -157,6 +175,8 @@ def main():
                 command.append("--no-forwarding")
             if p["networkd"]:
                 command.append("--networkd")
+            for name in p["not_uplinks"]:
+                command += ["--not-uplink", name]
         else:
             command = ["disable"]
         if not p["persist"]:

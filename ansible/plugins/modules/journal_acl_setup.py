@@ -61,6 +61,14 @@ options:
         configuration as it is (C(revert --all)).
     type: bool
     default: false
+  strip:
+    description:
+      - With C(state=absent), where the record of apply
+        (C(/var/lib/journal-acl-setup/acl-state.sqlite)) is missing or empty, remove the
+        groups' ACL entries under the journal and narrow the masks, restoring nothing
+        (C(revert --strip)). Without it such a revert fails with the tool's message.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -82,6 +90,12 @@ EXAMPLES = r"""
   debadmin.tools.journal_acl_setup:
     state: absent
     groups: [sudo]
+
+- name: Take it back where apply's record was lost (a restored backup, for instance)
+  debadmin.tools.journal_acl_setup:
+    state: absent
+    groups: [sudo]
+    strip: true
 """
 
 RETURN = r"""
@@ -138,9 +152,13 @@ def main():
             groups=dict(type="list", elements="str", default=[]),
             root=dict(type="path"),
             revert_all=dict(type="bool", default=False),
+            strip=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
+    for option in ("revert_all", "strip"):
+        if module.params[option] and module.params["state"] != "absent":
+            module.fail_json(msg="%s goes with state=absent only" % option)
     tool = Tool(module, PROG)
     common = []
     for group in module.params["groups"]:
@@ -153,6 +171,8 @@ def main():
         command = ["apply"] if module.params["state"] == "present" else ["revert"]
         if module.params["state"] == "absent" and module.params["revert_all"]:
             command.append("--all")
+        if module.params["state"] == "absent" and module.params["strip"]:
+            command.append("--strip")
         plan = tool.checked(command + common + ["--dry-run"], **result)
         result["changes"] = plan.changes()
         if result["changes"]:
