@@ -141,8 +141,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import (
     EXIT_ACTION,
     Tool,
-    needs_action,
-    prepared_diff,
+    only_with,
+    repeated,
 )
 
 PROG = "ipv6-ra-forward"
@@ -162,49 +162,26 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["not_uplinks"] and p["state"] != "present":
-        module.fail_json(msg="not_uplinks goes with state=present only")
+    only_with(module, "state", "present", ("not_uplinks",))
     tool = Tool(module, PROG)
     result = dict(changed=False, changes=[], not_applicable=False)
     enable_rc = 0
 
     if p["state"] != "checked":
         if p["state"] == "present":
-            command = ["enable"]
-            if not p["forwarding"]:
-                command.append("--no-forwarding")
-            if p["networkd"]:
-                command.append("--networkd")
-            for name in p["not_uplinks"]:
-                command += ["--not-uplink", name]
+            command = ["enable"] + (["--no-forwarding"] if not p["forwarding"] else [])
+            command += ["--networkd"] if p["networkd"] else []
+            command += repeated("--not-uplink", p["not_uplinks"])
         else:
             command = ["disable"]
-        if not p["persist"]:
-            command.append("--no-persist")
-        plan = tool.checked(command + ["--dry-run", "--"] + p["uplinks"], **result)
-        result["changes"] = plan.changes()
-        result["stdout_lines"] = plan.stdout.splitlines()
-        enable_rc = plan.rc
-        if result["changes"]:
-            result["changed"] = True
-            if not module.check_mode:
-                done = tool.checked(command + ["--"] + p["uplinks"], **result)
-                result["changes"] = done.changes()
-                result["stdout_lines"] = done.stdout.splitlines()
-                result["changed"] = bool(result["changes"])
-                enable_rc = done.rc
-            if module._diff:
-                result["diff"] = prepared_diff(
-                    result["changes"], "ipv6-ra-forward %s:" % command[0]
-                )
+        command += ["--no-persist"] if not p["persist"] else []
+        last = tool.dry_run_first(command, result, tail=["--"] + p["uplinks"])
+        result["stdout_lines"] = last.stdout.splitlines()
+        enable_rc = last.rc
 
-    report = tool.checked(["status", "--json"], **result)
-    result.update(
-        exit_status=report.rc,
-        findings=report.findings,
-        report=report.doc,
-        action_needed=needs_action(report.findings) or enable_rc == EXIT_ACTION,
-    )
+    tool.report(["status", "--json"], result)
+    # enable exits 1 where another network manager needs the configuration it printed.
+    result["action_needed"] = result["action_needed"] or enable_rc == EXIT_ACTION
     module.exit_json(**result)
 
 

@@ -138,8 +138,9 @@ exit_status:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import (
     Tool,
-    needs_action,
-    prepared_diff,
+    only_with,
+    repeated,
+    valued,
 )
 
 PROG = "journal-acl-setup"
@@ -156,43 +157,18 @@ def main():
         ),
         supports_check_mode=True,
     )
-    for option in ("revert_all", "strip"):
-        if module.params[option] and module.params["state"] != "absent":
-            module.fail_json(msg="%s goes with state=absent only" % option)
+    p = module.params
+    only_with(module, "state", "absent", ("revert_all", "strip"))
     tool = Tool(module, PROG)
-    common = []
-    for group in module.params["groups"]:
-        common += ["--group", group]
-    if module.params["root"]:
-        common += ["--root", module.params["root"]]
+    common = repeated("--group", p["groups"]) + valued(p, ("root",))
     result = dict(changed=False, changes=[], not_applicable=False)
-
-    if module.params["state"] != "checked":
-        command = ["apply"] if module.params["state"] == "present" else ["revert"]
-        if module.params["state"] == "absent" and module.params["revert_all"]:
-            command.append("--all")
-        if module.params["state"] == "absent" and module.params["strip"]:
-            command.append("--strip")
-        plan = tool.checked(command + common + ["--dry-run"], **result)
-        result["changes"] = plan.changes()
-        if result["changes"]:
-            result["changed"] = True
-            if not module.check_mode:
-                done = tool.checked(command + common, **result)
-                result["changes"] = done.changes()
-                result["changed"] = bool(result["changes"])
-            if module._diff:
-                result["diff"] = prepared_diff(
-                    result["changes"], "journal-acl-setup %s:" % command[0]
-                )
-
-    report = tool.checked(["check", "--json"] + common, **result)
-    result.update(
-        exit_status=report.rc,
-        findings=report.findings,
-        report=report.doc,
-        action_needed=needs_action(report.findings),
-    )
+    if p["state"] == "present":
+        tool.dry_run_first(["apply"] + common, result)
+    elif p["state"] == "absent":
+        revert = ["revert"] + (["--all"] if p["revert_all"] else [])
+        revert += ["--strip"] if p["strip"] else []
+        tool.dry_run_first(revert + common, result)
+    tool.report(["check", "--json"] + common, result)
     module.exit_json(**result)
 
 
