@@ -121,10 +121,11 @@ def test_ansible_doc_shows_the_module(name, tmp_path):
     assert "EXAMPLES:" in result.stdout and "RETURN VALUES:" in result.stdout
 
 
-def play(tmp_path, tasks, path_first=None):
+def play(tmp_path, tasks, path_first=None, wrapper=()):
     """Run TASKS on localhost (connection local); the registered result of each task,
     in order (ansible-core has no JSON callback: a last task writes them out).
-    path_first: a directory of commands found before the tools of this tree."""
+    path_first: a directory of commands found before the tools of this tree; wrapper:
+    a command that runs ansible-playbook (the words after it)."""
     env = ansible_env(tmp_path)
     if path_first:
         env["PATH"] = f"{path_first}:{env['PATH']}"
@@ -147,7 +148,7 @@ def play(tmp_path, tasks, path_first=None):
         json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
     )
     result = subprocess.run(
-        ["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook)],
+        list(wrapper) + ["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook)],
         env=env,
         capture_output=True,
         text=True,
@@ -324,48 +325,24 @@ def test_ipv6_ra_forward_not_uplinks_in_a_network_namespace(tmp_path):
     /etc/default, /etc/sysctl.d and /run private): check mode, apply, apply again."""
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
         pytest.skip("needs root, unshare and ip for a network namespace")
-    env = ansible_env(tmp_path)
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("no network namespace here: " + probe.stderr.strip())
     defaults = tmp_path / "default"
     defaults.mkdir()
     args = {"uplinks": ["up0"], "not_uplinks": ["lan0"]}
     tasks = three_runs("debadmin.tools.ipv6_ra_forward", args)
     tasks.append({"debadmin.tools.ipv6_ra_forward": dict(args, state="absent")})
     tasks.append({"ansible.builtin.slurp": {"src": "/etc/default/ipv6-ra-forward"}})
-    runs = []
-    for number, task in enumerate(tasks):
-        task.update(register=f"r{number}", ignore_errors=True)
-        runs.append(f"r{number}")
-    tasks.append(
-        {
-            "ansible.builtin.copy": {
-                "content": "{{ [%s] | to_json }}" % ", ".join(runs),
-                "dest": str(tmp_path / "results.json"),
-                "mode": "0600",
-            }
-        }
-    )
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(
-        json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
-    )
     script = (
         "set -e; mount --make-rprivate /; mount -t sysfs sysfs /sys; "
         "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /etc/sysctl.d; "
-        'mount --bind "$1" /etc/default; '
+        'mount --bind "$1" /etc/default; shift; '
         "ip link add up0 type veth peer name lan0; ip link set up0 up; ip link set lan0 up; "
-        'exec ansible-playbook -c local -i localhost, "$2"'
+        'exec "$@"'
     )
-    result = subprocess.run(
-        ["unshare", "--net", "--mount", "--fork", "sh", "-c", script, "sh"]
-        + [str(defaults), str(playbook)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0 and "Operation not permitted" in result.stderr:
-        pytest.skip("no network namespace here: " + result.stderr.strip().splitlines()[-1])
-    assert result.returncode == 0, result.stdout + result.stderr
-    check, apply, again, wrong, slurped = json.loads((tmp_path / "results.json").read_text())
+    wrapper = ["unshare", "--net", "--mount", "--fork", "sh", "-c", script, "sh", str(defaults)]
+    check, apply, again, wrong, slurped = play(tmp_path, tasks, wrapper=wrapper)
     assert check["changed"], check
     assert any("NOT_UPLINKS" in line for line in check["changes"]), check
     assert "ipv6-ra-forward enable:" in check["diff"]["prepared"], check
