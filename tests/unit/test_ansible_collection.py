@@ -7,6 +7,7 @@ dependency; 'make check-deps' installs it). The modules run the tools of this tr
 """
 
 import ast
+import base64
 import json
 import os
 import shutil
@@ -120,10 +121,14 @@ def test_ansible_doc_shows_the_module(name, tmp_path):
     assert "EXAMPLES:" in result.stdout and "RETURN VALUES:" in result.stdout
 
 
-def play(tmp_path, tasks):
+def play(tmp_path, tasks, path_first=None, wrapper=()):
     """Run TASKS on localhost (connection local); the registered result of each task,
-    in order (ansible-core has no JSON callback: a last task writes them out)."""
+    in order (ansible-core has no JSON callback: a last task writes them out).
+    path_first: a directory of commands found before the tools of this tree; wrapper:
+    a command that runs ansible-playbook (the words after it)."""
     env = ansible_env(tmp_path)
+    if path_first:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
     results = tmp_path / "results.json"
     registered = []
     for number, task in enumerate(tasks):
@@ -143,7 +148,7 @@ def play(tmp_path, tasks):
         json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
     )
     result = subprocess.run(
-        ["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook)],
+        list(wrapper) + ["ansible-playbook", "-c", "local", "-i", "localhost,", str(playbook)],
         env=env,
         capture_output=True,
         text=True,
@@ -245,7 +250,9 @@ def test_netboot_serialize_tree(tmp_path):
     assert bad["failed"] and "tar" in bad["msg"], bad
 
 
-def test_journal_acl_setup_on_an_image(tmp_path):
+def journal_image(tmp_path):
+    """A system image for journal-acl-setup --root: the host's users and groups, a
+    journald, a journal with one file."""
     if os.geteuid() != 0:
         pytest.skip("journal-acl-setup apply changes owners: needs root")
     if not shutil.which("getfacl"):
@@ -260,20 +267,202 @@ def test_journal_acl_setup_on_an_image(tmp_path):
     (root / "usr" / "lib" / "systemd" / "systemd-journald").touch()
     (root / "var" / "log" / "journal" / "0123").mkdir(parents=True)
     (root / "var" / "log" / "journal" / "0123" / "system.journal").write_bytes(b"x")
+    return root
 
-    def acls():
-        return subprocess.run(
-            ["getfacl", "-R", "-p", str(root / "var")], capture_output=True, text=True, check=True
-        ).stdout
 
-    before = acls()
+def acls(root):
+    return subprocess.run(
+        ["getfacl", "-R", "-p", str(root / "var" / "log")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_journal_acl_setup_on_an_image(tmp_path):
+    root = journal_image(tmp_path)
+    before = acls(root)
     check, apply, again = play(
         tmp_path, three_runs("debadmin.tools.journal_acl_setup", {"root": str(root)})
     )
     assert check["changed"] and check["changes"][0].startswith("would "), check
     assert apply["changed"] and not apply["action_needed"], apply
     assert not again["changed"] and again["findings"] == [], again
-    assert acls() != before
+    assert acls(root) != before
+
+
+def test_journal_acl_setup_strip_without_the_record(tmp_path):
+    """state=absent with strip: revert --strip where apply's record is gone."""
+    root = journal_image(tmp_path)
+    if "\nstaff:" not in "\n" + (root / "etc" / "group").read_text():
+        pytest.skip("no group staff on this host")
+    group = {"root": str(root), "groups": ["staff"]}
+    (applied,) = play(tmp_path, [{"debadmin.tools.journal_acl_setup": group}])
+    assert applied["changed"] and "group:staff:" in acls(root), applied
+    shutil.rmtree(root / "var" / "lib" / "journal-acl-setup")
+    granted = acls(root)
+    revert = dict(group, state="absent")
+    strip = dict(revert, strip=True)
+    refused, wrong, check, apply, again = play(
+        tmp_path,
+        [{"debadmin.tools.journal_acl_setup": revert}]
+        + [{"debadmin.tools.journal_acl_setup": dict(group, strip=True)}]
+        + three_runs("debadmin.tools.journal_acl_setup", strip),
+    )
+    # Without strip the tool refuses (exit 2) and says what --strip would do.
+    assert refused["failed"] and "--strip" in refused["msg"], refused
+    assert wrong["failed"] and wrong["msg"] == "strip goes with state=absent only", wrong
+    assert check["changed"] and check["changes"][0].startswith("would "), check
+    assert "journal-acl-setup revert:" in check["diff"]["prepared"], check
+    assert apply["changed"] and apply["changes"], apply
+    assert not again["changed"] and again["changes"] == [], again
+    after = acls(root)
+    assert after != granted and "group:staff:" not in after
+
+
+def test_ipv6_ra_forward_not_uplinks_in_a_network_namespace(tmp_path):
+    """enable with not_uplinks, in a network and mount namespace of its own (a veth pair,
+    /etc/default, /etc/sysctl.d and /run private): check mode, apply, apply again."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs root, unshare and ip for a network namespace")
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("no network namespace here: " + probe.stderr.strip())
+    defaults = tmp_path / "default"
+    defaults.mkdir()
+    args = {"uplinks": ["up0"], "not_uplinks": ["lan0"]}
+    tasks = three_runs("debadmin.tools.ipv6_ra_forward", args)
+    tasks.append({"debadmin.tools.ipv6_ra_forward": dict(args, state="absent")})
+    tasks.append({"ansible.builtin.slurp": {"src": "/etc/default/ipv6-ra-forward"}})
+    script = (
+        "set -e; mount --make-rprivate /; mount -t sysfs sysfs /sys; "
+        "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /etc/sysctl.d; "
+        'mount --bind "$1" /etc/default; shift; '
+        "ip link add up0 type veth peer name lan0; ip link set up0 up; ip link set lan0 up; "
+        'exec "$@"'
+    )
+    wrapper = ["unshare", "--net", "--mount", "--fork", "sh", "-c", script, "sh", str(defaults)]
+    check, apply, again, wrong, slurped = play(tmp_path, tasks, wrapper=wrapper)
+    assert check["changed"], check
+    assert any("NOT_UPLINKS" in line for line in check["changes"]), check
+    assert "ipv6-ra-forward enable:" in check["diff"]["prepared"], check
+    assert apply["changed"] and apply["report"]["forwarding"], apply
+    assert apply["report"]["not_uplinks"] == ["lan0"], apply
+    assert not again["changed"] and again["changes"] == [], again
+    assert wrong["failed"] and wrong["msg"] == "not_uplinks goes with state=present only"
+    assert 'NOT_UPLINKS="lan0"' in base64.b64decode(slurped["content"]).decode()
+    assert not list(defaults.glob("*.*")), "a temporary file left"
+
+
+def test_sbuild_fast_chroot_present_and_absent(tmp_path):
+    """The real sbuild-fast of this tree: check mode of a create builds nothing; a chroot
+    it recorded (an empty tarball and its record, as create leaves them) is kept by
+    state=present, and removed by state=absent, once."""
+    if not shutil.which("mmdebstrap"):
+        pytest.skip("mmdebstrap is not installed")
+    arch = subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    cache = tmp_path / "home" / ".cache" / "sbuild"
+    tarball = cache / f"bookworm-{arch}.tar"
+    record = {
+        "name": f"bookworm-{arch}",
+        "dist": "bookworm",
+        "arch": arch,
+        "mode": "unshare",
+        "path": str(tarball),
+        "created": 1700000000,
+        "version": "0.5.0",
+    }
+    chroot = {"dist": "bookworm", "arch": arch}
+    module = "debadmin.tools.sbuild_fast"
+    tasks = [
+        {module: chroot, "check_mode": True, "diff": True},
+        {"ansible.builtin.file": {"path": str(cache / ".sbuild-fast"), "state": "directory"}},
+        {"ansible.builtin.copy": {"content": "", "dest": str(tarball), "mode": "0644"}},
+        {
+            "ansible.builtin.copy": {
+                "content": json.dumps(record),
+                "dest": str(cache / ".sbuild-fast" / f"bookworm-{arch}.json"),
+                "mode": "0644",
+            }
+        },
+        {module: chroot},
+    ] + three_runs(module, dict(chroot, state="absent"))
+    # doctor removes leftovers of killed builds (of every build of this user, root here):
+    # only ever in check mode, as a dry run where this tree's tool has one.
+    tasks.append({module: {"doctor": True}, "check_mode": True})
+    created, _, _, _, present, check, removed, again, doctor = play(tmp_path, tasks)
+    usage = subprocess.run(
+        [str(tmp_path / "bin" / "sbuild-fast"), "doctor", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if "--dry-run" in usage:
+        assert doctor["doctor"]["dry_run"] is True and "findings" in doctor, doctor
+    else:
+        assert "doctor" not in doctor and doctor["warnings"], doctor
+    assert not created.get("failed") and created["changed"], created
+    assert created["changes"][0].startswith("would run: mmdebstrap "), created
+    assert "would write " + str(tarball) in created["diff"]["prepared"], created
+    assert created["chroots"] == [], created
+    assert not present.get("failed") and not present["changed"], present
+    assert [c["name"] for c in present["chroots"]] == [f"bookworm-{arch}"], present
+    assert check["changed"] and f"would remove {tarball}" in check["changes"], check
+    assert removed["changed"] and removed["chroots"] == [], removed
+    assert not again["changed"] and not again.get("failed"), again
+    assert not tarball.exists() and not (cache / ".sbuild-fast" / f"bookworm-{arch}.json").exists()
+
+
+def test_sbuild_fast_doctor_in_check_mode_is_a_dry_run(tmp_path):
+    """doctor removes leftovers: check mode passes --dry-run (argv of a stand-in tool),
+    and where the tool has no doctor --dry-run doctor is not run at all."""
+    argv_log = tmp_path / "argv"
+    doctor_json = json.dumps({"findings": [{"code": "x", "severity": "info"}], "dry_run": True})
+    stand_in = tmp_path / "stand-in" / "sbuild-fast"
+    stand_in.parent.mkdir()
+
+    def write_stand_in(knows_dry_run):
+        refuse = (
+            ""
+            if knows_dry_run
+            else 'case "$*" in *--dry-run*) echo "sbuild-fast: error: unrecognized '
+            'arguments: --dry-run" >&2; exit 2;; esac\n'
+        )
+        stand_in.write_text(
+            f'#!/bin/sh\necho "$*" >> {argv_log}\n{refuse}'
+            f'case "$1" in list) echo \'{{"chroots": [], "caches": []}}\';;\n'
+            f"doctor) echo '{doctor_json}';; esac\n"
+        )
+        stand_in.chmod(0o755)
+
+    write_stand_in(True)
+    module = "debadmin.tools.sbuild_fast"
+    check, real = play(
+        tmp_path,
+        [{module: {"doctor": True}, "check_mode": True}, {module: {"doctor": True}}],
+        path_first=stand_in.parent,
+    )
+    assert argv_log.read_text().splitlines() == [
+        "list --json",
+        "list --json",
+        "doctor --json --dry-run",
+        "list --json",
+        "list --json",
+        "doctor --json",
+    ]
+    assert check["findings"] == [{"code": "x", "severity": "info"}], check
+    assert check["doctor"]["dry_run"] and not check["changed"], check
+    assert real["findings"] == check["findings"], real
+    argv_log.unlink()
+    write_stand_in(False)
+    (old,) = play(
+        tmp_path, [{module: {"doctor": True}, "check_mode": True}], path_first=stand_in.parent
+    )
+    assert not old.get("failed") and "doctor" not in old, old
+    assert any("no 'doctor --dry-run'" in w for w in old["warnings"]), old
+    assert "doctor --json\n" not in argv_log.read_text()
 
 
 def test_rollout_stops_at_the_first_refused_host(tmp_path):

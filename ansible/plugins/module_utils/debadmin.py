@@ -132,6 +132,45 @@ def tree_has(doc, key, test):
     return False
 
 
+def repeated(option, values):
+    """``--option VALUE`` for each value: a list option of the module as the tool's
+    repeatable option."""
+    argv = []
+    for value in values or []:
+        argv += [option, str(value)]
+    return argv
+
+
+def valued(params, names):
+    """``--NAME VALUE`` for each of the module's options ``names`` that is set (its
+    underscores as dashes)."""
+    argv = []
+    for name in names:
+        if params[name] is not None and params[name] != "":
+            argv += ["--" + name.replace("_", "-"), str(params[name])]
+    return argv
+
+
+def only_with(module, key, value, options):
+    """Fail the task when one of ``options`` is set without ``key=value``: an option
+    the tool would not take, rather than one silently ignored."""
+    for option in options:
+        if module.params[option] and module.params[key] != value:
+            module.fail_json(msg="%s goes with %s=%s only" % (option, key, value))
+
+
+def report_of(res, result):
+    """The run ``res`` of a ``--json`` report, as the module's result: its exit status,
+    findings, whole document and whether a finding needs action."""
+    result.update(
+        exit_status=res.rc,
+        findings=res.findings,
+        report=res.doc,
+        action_needed=needs_action(res.findings),
+    )
+    return res
+
+
 class Tool(object):
     """The tool PROG on the target, run through AnsibleModule.run_command."""
 
@@ -162,6 +201,30 @@ class Tool(object):
         if res.rc == EXIT_NOT_APPLICABLE:
             self.not_applicable(res, **result)
         self.fail(res, **result)
+
+    def report(self, args, result):
+        """Run the ``--json`` report ``args`` and put it in ``result`` (report_of)."""
+        return report_of(self.checked(args, **result), result)
+
+    def dry_run_first(self, head, result, tail=(), header=None):
+        """The contract of the tools that print ``would ...`` lines: run ``head
+        --dry-run tail``; where it plans changes the task is changed and, unless in
+        check mode, ``head tail`` runs for real, ``changed`` then coming from its
+        ``done:`` lines. ``result["changes"]`` gets the lines, diff mode shows them
+        under ``header``. Returns the last run."""
+        res = self.checked(list(head) + ["--dry-run"] + list(tail), **result)
+        result["changes"] = res.changes()
+        if result["changes"]:
+            result["changed"] = True
+            if not self.module.check_mode:
+                res = self.checked(list(head) + list(tail), **result)
+                result["changes"] = res.changes()
+                result["changed"] = bool(result["changes"])
+            if self.module._diff:
+                result["diff"] = prepared_diff(
+                    result["changes"], header or "%s %s:" % (self.prog, head[0])
+                )
+        return res
 
     def not_applicable(self, res, **result):
         result.update(

@@ -67,6 +67,16 @@ options:
         (C(--networkd)).
     type: bool
     default: false
+  not_uplinks:
+    description:
+      - With C(state=present), interfaces that may lose their RA-learned routes and
+        addresses when forwarding goes on (C(--not-uplink), repeated). Without them an
+        enable that would cost another interface its RA route is refused and fails the
+        task. The tool remembers them in C(NOT_UPLINKS) of
+        C(/etc/default/ipv6-ra-forward), so a second run changes nothing.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -78,6 +88,11 @@ EXAMPLES = r"""
 - name: Interfaces and their RA routes
   ansible.builtin.debug:
     var: ra.report.interfaces
+
+- name: Forward IPv6 through eth0; the VLAN eth0.20 may lose its RA route
+  debadmin.tools.ipv6_ra_forward:
+    uplinks: [eth0]
+    not_uplinks: [eth0.20]
 
 - name: Back to the state before
   debadmin.tools.ipv6_ra_forward:
@@ -126,8 +141,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import (
     EXIT_ACTION,
     Tool,
-    needs_action,
-    prepared_diff,
+    only_with,
+    repeated,
 )
 
 PROG = "ipv6-ra-forward"
@@ -141,50 +156,32 @@ def main():
             forwarding=dict(type="bool", default=True),
             persist=dict(type="bool", default=True),
             networkd=dict(type="bool", default=False),
+            not_uplinks=dict(type="list", elements="str", default=[]),
         ),
         required_if=[("state", "present", ("uplinks",)), ("state", "absent", ("uplinks",))],
         supports_check_mode=True,
     )
     p = module.params
+    only_with(module, "state", "present", ("not_uplinks",))
     tool = Tool(module, PROG)
     result = dict(changed=False, changes=[], not_applicable=False)
     enable_rc = 0
 
     if p["state"] != "checked":
         if p["state"] == "present":
-            command = ["enable"]
-            if not p["forwarding"]:
-                command.append("--no-forwarding")
-            if p["networkd"]:
-                command.append("--networkd")
+            command = ["enable"] + (["--no-forwarding"] if not p["forwarding"] else [])
+            command += ["--networkd"] if p["networkd"] else []
+            command += repeated("--not-uplink", p["not_uplinks"])
         else:
             command = ["disable"]
-        if not p["persist"]:
-            command.append("--no-persist")
-        plan = tool.checked(command + ["--dry-run", "--"] + p["uplinks"], **result)
-        result["changes"] = plan.changes()
-        result["stdout_lines"] = plan.stdout.splitlines()
-        enable_rc = plan.rc
-        if result["changes"]:
-            result["changed"] = True
-            if not module.check_mode:
-                done = tool.checked(command + ["--"] + p["uplinks"], **result)
-                result["changes"] = done.changes()
-                result["stdout_lines"] = done.stdout.splitlines()
-                result["changed"] = bool(result["changes"])
-                enable_rc = done.rc
-            if module._diff:
-                result["diff"] = prepared_diff(
-                    result["changes"], "ipv6-ra-forward %s:" % command[0]
-                )
+        command += ["--no-persist"] if not p["persist"] else []
+        last = tool.dry_run_first(command, result, tail=["--"] + p["uplinks"])
+        result["stdout_lines"] = last.stdout.splitlines()
+        enable_rc = last.rc
 
-    report = tool.checked(["status", "--json"], **result)
-    result.update(
-        exit_status=report.rc,
-        findings=report.findings,
-        report=report.doc,
-        action_needed=needs_action(report.findings) or enable_rc == EXIT_ACTION,
-    )
+    tool.report(["status", "--json"], result)
+    # enable exits 1 where another network manager needs the configuration it printed.
+    result["action_needed"] = result["action_needed"] or enable_rc == EXIT_ACTION
     module.exit_json(**result)
 
 

@@ -61,6 +61,14 @@ options:
         configuration as it is (C(revert --all)).
     type: bool
     default: false
+  strip:
+    description:
+      - With C(state=absent), where the record of apply
+        (C(/var/lib/journal-acl-setup/acl-state.sqlite)) is missing or empty, remove the
+        groups' ACL entries under the journal and narrow the masks, restoring nothing
+        (C(revert --strip)). Without it such a revert fails with the tool's message.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -82,6 +90,12 @@ EXAMPLES = r"""
   debadmin.tools.journal_acl_setup:
     state: absent
     groups: [sudo]
+
+- name: Take it back where apply's record was lost (a restored backup, for instance)
+  debadmin.tools.journal_acl_setup:
+    state: absent
+    groups: [sudo]
+    strip: true
 """
 
 RETURN = r"""
@@ -124,8 +138,9 @@ exit_status:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import (
     Tool,
-    needs_action,
-    prepared_diff,
+    only_with,
+    repeated,
+    valued,
 )
 
 PROG = "journal-acl-setup"
@@ -138,41 +153,22 @@ def main():
             groups=dict(type="list", elements="str", default=[]),
             root=dict(type="path"),
             revert_all=dict(type="bool", default=False),
+            strip=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
+    p = module.params
+    only_with(module, "state", "absent", ("revert_all", "strip"))
     tool = Tool(module, PROG)
-    common = []
-    for group in module.params["groups"]:
-        common += ["--group", group]
-    if module.params["root"]:
-        common += ["--root", module.params["root"]]
+    common = repeated("--group", p["groups"]) + valued(p, ("root",))
     result = dict(changed=False, changes=[], not_applicable=False)
-
-    if module.params["state"] != "checked":
-        command = ["apply"] if module.params["state"] == "present" else ["revert"]
-        if module.params["state"] == "absent" and module.params["revert_all"]:
-            command.append("--all")
-        plan = tool.checked(command + common + ["--dry-run"], **result)
-        result["changes"] = plan.changes()
-        if result["changes"]:
-            result["changed"] = True
-            if not module.check_mode:
-                done = tool.checked(command + common, **result)
-                result["changes"] = done.changes()
-                result["changed"] = bool(result["changes"])
-            if module._diff:
-                result["diff"] = prepared_diff(
-                    result["changes"], "journal-acl-setup %s:" % command[0]
-                )
-
-    report = tool.checked(["check", "--json"] + common, **result)
-    result.update(
-        exit_status=report.rc,
-        findings=report.findings,
-        report=report.doc,
-        action_needed=needs_action(report.findings),
-    )
+    if p["state"] == "present":
+        tool.dry_run_first(["apply"] + common, result)
+    elif p["state"] == "absent":
+        revert = ["revert"] + (["--all"] if p["revert_all"] else [])
+        revert += ["--strip"] if p["strip"] else []
+        tool.dry_run_first(revert + common, result)
+    tool.report(["check", "--json"] + common, result)
     module.exit_json(**result)
 
 

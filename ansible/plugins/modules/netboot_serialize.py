@@ -109,7 +109,7 @@ not_applicable:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import Tool
+from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import Tool, valued
 
 PROG = "netboot-serialize"
 
@@ -130,10 +130,7 @@ def main():
     )
     p = module.params
     tool = Tool(module, PROG)
-    args = ["--json"]
-    for option in ("output", "console", "timeout", "default", "sha256sums"):
-        if p[option] is not None:
-            args += ["--" + option, p[option]]
+    args = ["--json"] + valued(p, ("output", "console", "timeout", "default", "sha256sums"))
     if p["extra_args"] is not None:
         # = keeps arguments that begin with a dash from being taken as options.
         args.append("--extra-args=" + p["extra_args"])

@@ -18,7 +18,10 @@ description:
     --json) does not have it; C(state=latest) also refreshes it (C(sbuild-fast update));
     C(state=absent) removes it. C(changed) follows what C(sbuild-fast list --json) shows
     before and after, so a second run reports C(changed=false).
-  - With C(doctor=true) the findings of C(sbuild-fast doctor --json) are returned.
+  - With C(doctor=true) the findings of C(sbuild-fast doctor --json) are returned. Doctor
+    removes the leftovers of killed builds; in check mode it runs with C(--dry-run), which
+    only reports them (a target whose sbuild-fast lacks C(doctor --dry-run) skips doctor
+    in check mode, with a warning).
   - Exit status 2 of the tool fails the task with its message.
   - See sbuild-fast(1) on the target.
 author:
@@ -72,7 +75,8 @@ options:
     default: false
   doctor:
     description:
-      - Also run C(sbuild-fast doctor --json) and return its findings.
+      - Also run C(sbuild-fast doctor --json) (in check mode C(doctor --json --dry-run))
+        and return its findings.
     type: bool
     default: false
 """
@@ -104,7 +108,7 @@ findings:
   elements: dict
 doctor:
   description: The whole document of C(sbuild-fast doctor --json).
-  returned: with doctor
+  returned: with doctor (in check mode, where the tool has C(doctor --dry-run))
   type: dict
 changes:
   description: What the tool printed it would do (check mode) or did.
@@ -131,6 +135,26 @@ def match(chroot, p, arch):
         and (arch is None or chroot.get("arch") == arch)
         and chroot.get("present", True)
     )
+
+
+def run_doctor(module, tool, result):
+    """doctor --json; in check mode with --dry-run, since doctor removes the leftovers
+    of killed builds. A tool older than doctor --dry-run is not run in check mode."""
+    if not module.check_mode:
+        doctor = tool.checked(["doctor", "--json"], **result)
+    else:
+        doctor = tool.run(["doctor", "--json", "--dry-run"])
+        said = doctor.message(tool.prog)
+        if doctor.rc == 2 and "unrecognized arguments" in said and "--dry-run" in said:
+            module.warn(
+                "sbuild-fast on this host has no 'doctor --dry-run': doctor, which removes "
+                "leftovers of killed builds, is not run in check mode"
+            )
+            return
+        if doctor.rc not in (0, 1):
+            doctor = tool.checked(["doctor", "--json", "--dry-run"], **result)
+    result["doctor"] = doctor.doc
+    result["findings"] = doctor.findings
 
 
 def main():
@@ -184,9 +208,7 @@ def main():
         result["changed"] = after != before
     result["chroots"] = after
     if p["doctor"]:
-        doctor = tool.checked(["doctor", "--json"], **result)
-        result["doctor"] = doctor.doc
-        result["findings"] = doctor.findings
+        run_doctor(module, tool, result)
     module.exit_json(**result)
 
 

@@ -154,7 +154,10 @@ from ansible_collections.debadmin.tools.plugins.module_utils.debadmin import (
     Tool,
     needs_action,
     prepared_diff,
+    repeated,
+    report_of,
     tree_has,
+    valued,
 )
 
 PROG = "secureboot-ca-check"
@@ -215,19 +218,10 @@ def main():
     )
     p = module.params
     tool = Tool(module, PROG)
-    source = []
-    for path in p["varstore"]:
-        source += ["--varstore", path]
-    if p["libvirt"]:
-        source.append("--libvirt")
-    for option in ("efivars", "root", "shim", "payloads"):
-        if p[option]:
-            source += ["--" + option, p[option]]
-    fix_args = []
-    for cert in p["certs"]:
-        fix_args += ["--cert", cert]
-    if p["i_have_recovery_keys"]:
-        fix_args.append("--i-have-recovery-keys")
+    source = repeated("--varstore", p["varstore"]) + (["--libvirt"] if p["libvirt"] else [])
+    source += valued(p, ("efivars", "root", "shim", "payloads"))
+    fix_args = repeated("--cert", p["certs"])
+    fix_args += ["--i-have-recovery-keys"] if p["i_have_recovery_keys"] else []
     result = dict(changed=False, not_applicable=False)
 
     before = tool.checked(["--json"] + source, **result)
@@ -249,13 +243,8 @@ def main():
     if p["textfile_dir"]:
         # The metric of the state after the run, written by the tool itself.
         after = tool.checked(["--json", "--textfile-dir", p["textfile_dir"]] + source, **result)
-    result.update(
-        exit_status=after.rc,
-        findings=after.findings,
-        report=after.doc,
-        verdicts=verdicts(after.doc),
-        action_needed=needs_action(after.findings),
-    )
+    report_of(after, result)
+    result["verdicts"] = verdicts(after.doc)
     module.exit_json(**result)
 
 
