@@ -1119,6 +1119,10 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# The leftovers a run could not remove and has warned about (once each).
+LEFTOVERS_WARNED = "leftovers-warned"
+
+
 def clean_leftovers(dry_run: bool) -> None:
     """Remove what killed sessions and failed unshare-mode builds of this user left (their
     trees belong to the first subordinate uid: removed through its mapping)."""
@@ -1126,7 +1130,8 @@ def clean_leftovers(dry_run: bool) -> None:
     if dry_run or uid == 0:
         return
     user = pwd.getpwuid(uid).pw_name
-    sfl.clean(user, uid, sfs.unshare_argv())
+    record = sbs.user_cache_dir() / sbs.STATE_SUBDIR / LEFTOVERS_WARNED
+    sfl.clean(user, uid, sfl.removal_argv(), record=record)
 
 
 # --- session: sbuild's autopkgtest-mode virt server ----------------------------------------
@@ -1176,7 +1181,8 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    return sfd.report(sfd.gather(args.build_dir or [Path.cwd()]), args.json)
+    facts = sfd.gather(args.build_dir or [Path.cwd()], dry_run=args.dry_run)
+    return sfd.report(facts, args.json)
 
 
 # --- command line -------------------------------------------------------------------------
@@ -1307,6 +1313,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory builds write to (default: the current one)",
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON document")
+    doctor.add_argument(
+        "-n",
+        "--dry-run",
+        action="store_true",
+        help="report the leftovers it would remove; write nothing",
+    )
     cli.add_verbosity(doctor)
     doctor.set_defaults(func=cmd_doctor)
     return parser
