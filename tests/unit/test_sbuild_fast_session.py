@@ -407,7 +407,7 @@ def test_block_backend_reads_the_earlier_choice():
 def test_create_keeps_the_backend_chosen_before(
     tmp_path, monkeypatch, capsys, option, existing, expected
 ):
-    from debadmin.sbuild_fast import main as sfm
+    from debadmin.sbuild_fast import configure as sfm
 
     rc = tmp_path / ".sbuildrc"
     if existing:

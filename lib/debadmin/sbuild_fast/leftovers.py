@@ -25,6 +25,7 @@ no right over root's files.
 
 import logging
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -34,6 +35,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Set
 
 from debadmin import fsutil
 from debadmin.errors import Error
+from debadmin.sbuild_fast import sbuild
 
 log = logging.getLogger("sbuild-fast")
 
@@ -325,3 +327,18 @@ def clean(
         except (OSError, Error) as exc:
             log.debug("cannot record the leftovers warned about in %s: %s", record, exc)
     return removed
+
+
+# The leftovers a run could not remove and has warned about (once each).
+LEFTOVERS_WARNED = "leftovers-warned"
+
+
+def clean_mine(dry_run: bool) -> None:
+    """Remove what killed sessions and failed unshare-mode builds of this user left (their
+    trees belong to the first subordinate uid: removed through its mapping)."""
+    uid = os.getuid()
+    if dry_run or uid == 0:
+        return
+    user = pwd.getpwuid(uid).pw_name
+    record = sbuild.user_cache_dir() / sbuild.STATE_SUBDIR / LEFTOVERS_WARNED
+    clean(user, uid, removal_argv(), record=record)

@@ -26,6 +26,7 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 import json
 import logging
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -40,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
 from debadmin.sbuild_fast import leftovers
+from debadmin.sbuild_fast import sbuild as sbs
 from debadmin.sbuild_fast.sbuild import CACHE_MOUNTPOINT
 
 log = logging.getLogger("sbuild-fast")
@@ -997,4 +999,44 @@ def check_disk_parent(parent: Path) -> None:
         )
 
 
-__all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil"]
+def serve_dist(dist: str, arch: Optional[str], native: str) -> int:
+    """Speak the autopkgtest virt server protocol on stdin/stdout for one sbuild run of
+    dist (arch: sbuild's host architecture, None for native, the host's)."""
+    dist = sbs.validate_dist(dist)
+    arch = sbs.validate_arch(arch or native)
+    cache_dir = sbs.user_cache_dir()
+    view: List = []  # sbuild's BUILD_ARCH and bind mounts, read once when needed
+
+    def unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
+        if not view:
+            view.append(sbs.sbuild_unshare_view())
+        return view[0]
+
+    def state_of(name: str) -> Optional[Dict]:
+        path = cache_dir / sbs.STATE_SUBDIR / f"{name}.json"
+        return sbs.load_state(path) if path.exists() else None
+
+    build_arch = native
+    if arch != native and state_of(sbs.chroot_name(dist, arch)) is None:
+        build_arch = unshare_view()[0] or native
+    source = choose_source(
+        dist,
+        arch,
+        build_arch,
+        state_of,
+        lambda name: sbs.find_unshare_tarball(cache_dir, name),
+        cache_dir,
+    )
+    if source.state is not None:
+        binds = default_binds(source.state, sbs.package_cache_dir("unshare"))
+    else:
+        # a tarball of sbuild's own: mounted as its unshare mode mounts it, without
+        # sbuild-fast's package cache (as for a chroot named on sbuild's command line)
+        binds = foreign_binds(unshare_view()[1], sbs.package_cache_dir("unshare"))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    leftovers.clean_mine(False)
+    session = Session(source.tarball, user, binds, mountpoint_parent())
+    return serve(session, sys.stdin, sys.stdout)
+
+
+__all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil", "serve_dist"]
