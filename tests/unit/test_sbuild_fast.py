@@ -16,6 +16,8 @@ import pytest
 
 from debadmin import posixacl as A
 from debadmin.errors import Error
+from debadmin.sbuild_fast import configure as sfcfg
+from debadmin.sbuild_fast import create as sfc
 from debadmin.sbuild_fast import main as sf
 from debadmin.sbuild_fast import doctor as sfd
 from debadmin.sbuild_fast import sbuild as sbs
@@ -31,13 +33,13 @@ def home(tmp_path, monkeypatch):
     """A private HOME with an sbuild cache dir; the host arch is fixed."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(sf, "host_arch", lambda: "amd64")
+    monkeypatch.setattr(sfc, "host_arch", lambda: "amd64")
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.85.0")
     monkeypatch.setattr(sbs, "tmpfs_unpack_template", lambda *args, **kwargs: None)
     # sbuild's own configuration is asked in the tests of sbuild_runs_lintian
-    monkeypatch.setattr(sf, "sbuild_runs_lintian", lambda: False)
+    monkeypatch.setattr(sfc, "sbuild_runs_lintian", lambda: False)
     # create tries the session backend on the real chroot: the integration tests do that
-    monkeypatch.setattr(sf, "session_backend", lambda recipe, dry_run: None)
+    monkeypatch.setattr(sfcfg, "session_backend", lambda recipe, dry_run: None)
     # the chroot's root, to whom the package cache's ACL grants write access
     monkeypatch.setattr(sbs, "subordinate_root", lambda user: 100000)
     # the system's schroot records stay out (a host with schroot chroots of its own)
@@ -87,48 +89,48 @@ def tree(path):
 
 
 def test_host_mirror_deb822_skips_security_and_deb_src():
-    assert sf.host_mirror("bookworm", DATA / "deb822") == "http://mirror.example.org/debian"
+    assert sfc.host_mirror("bookworm", DATA / "deb822") == "http://mirror.example.org/debian"
     # default: the host's release, from os-release
-    assert sf.host_mirror(root=DATA / "deb822") == "http://mirror.example.org/debian"
+    assert sfc.host_mirror(root=DATA / "deb822") == "http://mirror.example.org/debian"
 
 
 def test_host_mirror_one_line_format():
-    assert sf.host_mirror("trixie", DATA / "legacy") == "http://ftp.example.net/debian"
+    assert sfc.host_mirror("trixie", DATA / "legacy") == "http://ftp.example.net/debian"
     # a source for another release is no mirror for this one
-    assert sf.host_mirror("bookworm", DATA / "legacy") == "http://deb.debian.org/debian"
+    assert sfc.host_mirror("bookworm", DATA / "legacy") == "http://deb.debian.org/debian"
 
 
 def test_host_mirror_default(tmp_path):
-    assert sf.host_mirror("bookworm", tmp_path) == "http://deb.debian.org/debian"
-    assert sf.host_mirror(root=tmp_path) == "http://deb.debian.org/debian"
+    assert sfc.host_mirror("bookworm", tmp_path) == "http://deb.debian.org/debian"
+    assert sfc.host_mirror(root=tmp_path) == "http://deb.debian.org/debian"
 
 
 def test_host_mirror_skips_third_party_repositories():
     # docker.sources (its own keyring, component stable), a vendor's repository signed
     # by its own key, security and backports: none is the Debian archive.
     root = DATA / "thirdparty"
-    assert sf.host_mirror("bookworm", root) == "http://deb.example.org/debian"
-    assert sf.host_mirror("trixie", root) == "http://deb.debian.org/debian"
+    assert sfc.host_mirror("bookworm", root) == "http://deb.example.org/debian"
+    assert sfc.host_mirror("trixie", root) == "http://deb.debian.org/debian"
 
 
 def test_host_mirror_by_suite_name_and_updates():
     # 'stable' is bookworm by apt's Release files; only stable-updates has a Debian
     # keyring (the inline key block is no Debian keyring path); trixie's .pgp keyring.
     root = DATA / "suitename"
-    assert sf.host_mirror("bookworm", root) == "http://stable.example.org/debian"
-    assert sf.host_mirror("trixie", root) == "http://trixie.example.org/debian"
-    assert sf.host_mirror("sid", root) == "http://deb.debian.org/debian"
-    assert sf.suite_aliases("bookworm", root) == {"bookworm", "stable"}
+    assert sfc.host_mirror("bookworm", root) == "http://stable.example.org/debian"
+    assert sfc.host_mirror("trixie", root) == "http://trixie.example.org/debian"
+    assert sfc.host_mirror("sid", root) == "http://deb.debian.org/debian"
+    assert sfc.suite_aliases("bookworm", root) == {"bookworm", "stable"}
 
 
 def test_host_codename():
-    assert sf.host_codename(DATA / "deb822") == "bookworm"
-    assert sf.host_codename(DATA / "legacy") == "trixie"
+    assert sfc.host_codename(DATA / "deb822") == "bookworm"
+    assert sfc.host_codename(DATA / "legacy") == "trixie"
 
 
 def test_host_codename_missing(tmp_path):
     with pytest.raises(Error, match="--dist"):
-        sf.host_codename(tmp_path)
+        sfc.host_codename(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +215,7 @@ RECIPE = {
 
 
 def test_mmdebstrap_argv():
-    argv = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
+    argv = sfc.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert argv[:3] == ["mmdebstrap", "--mode=unshare", "--variant=buildd"]
     assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in argv
     assert argv[-3:] == ["bookworm", "/c/out.tar", "http://deb.debian.org/debian"]
@@ -229,7 +231,7 @@ def test_mmdebstrap_argv():
 
 def test_mmdebstrap_argv_keep_docs_no_eatmydata():
     recipe = dict(RECIPE, keep_docs=True, eatmydata=False, include=[])
-    argv = sf.mmdebstrap_argv(recipe, "/c/out.tar", "root")
+    argv = sfc.mmdebstrap_argv(recipe, "/c/out.tar", "root")
     assert "--include=fakeroot,debhelper,passwd" in argv
     assert not any(a.startswith("--dpkgopt=") for a in argv)
     assert "Dir::Bin::dpkg" not in " ".join(argv)
@@ -238,7 +240,7 @@ def test_mmdebstrap_argv_keep_docs_no_eatmydata():
 
 
 def test_mmdebstrap_refresh_argv_unshare():
-    argv = sf.mmdebstrap_refresh_argv(
+    argv = sfc.mmdebstrap_refresh_argv(
         RECIPE, "/c/bookworm-amd64.tar", "/c/tmp.x/out.tar", "unshare"
     )
     assert argv[:4] == ["mmdebstrap", "--mode=unshare", "--variant=custom", "--arch=amd64"]
@@ -250,7 +252,7 @@ def test_mmdebstrap_refresh_argv_unshare():
     assert hooks[1].endswith(" dist-upgrade") and "DEBIAN_FRONTEND=noninteractive" in hooks[1]
     assert hooks[2].endswith(" install fakeroot debhelper passwd eatmydata dh-python")
     assert hooks[3].endswith(" --purge autoremove")
-    assert hooks[4:] == [sf.EATMYDATA_HOOK, sf.APPSTREAM_HOOK, sf.CLEANUP_HOOK]
+    assert hooks[4:] == [sfc.EATMYDATA_HOOK, sfc.APPSTREAM_HOOK, sfc.CLEANUP_HOOK]
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert argv[-3:] == ["bookworm", "/c/tmp.x/out.tar", "http://deb.debian.org/debian"]
 
@@ -277,7 +279,7 @@ def test_refresh_setup_hook_copies_the_old_chroot(tmp_path, mode):
     (new / "dev").mkdir(parents=True)
     (new / "etc/apt").mkdir(parents=True)
     (new / "etc/apt/sources.list").write_text("deb new\n")
-    run_setup_hook(sf.mmdebstrap_refresh_argv(RECIPE, str(source), "/o.tar", mode), new)
+    run_setup_hook(sfc.mmdebstrap_refresh_argv(RECIPE, str(source), "/o.tar", mode), new)
     assert (new / "usr/bin/dh").read_text() == "x"
     assert (new / "etc/apt/sources.list").read_text() == "deb new\n"
     assert not (new / "dev/x").exists()
@@ -387,7 +389,7 @@ def fake_mmdebstrap(content=b"new tarball"):
 @pytest.mark.needs_mapped_ids
 def test_create_places_tarball_and_state(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     rc = sf.main(
         [
             "create",
@@ -417,7 +419,7 @@ def test_create_places_tarball_and_state(home, monkeypatch, capsys):
 
 @pytest.mark.needs_mapped_ids
 def test_create_configure_writes_block(home, monkeypatch):
-    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    monkeypatch.setattr(sfc, "run_mmdebstrap", fake_mmdebstrap()[0])
     (home / ".sbuildrc").write_text((DATA / "sbuildrc").read_text())
     assert sf.main(["create", "--dist", "bookworm", "--configure"]) == 0
     text = (home / ".sbuildrc").read_text()
@@ -434,7 +436,7 @@ def test_create_interrupted_keeps_old_tarball(home, monkeypatch):
         Path(argv[-2]).write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sf, "run_mmdebstrap", interrupted)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", interrupted)
     assert sf.main(["create", "--dist", "bookworm"]) == 130
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"old tarball"
     assert tree(cache) == [".sbuild-fast", ".sbuild-fast/lock", "bookworm-amd64.tar"]
@@ -445,7 +447,7 @@ def test_create_failure_is_one_line_error(home, monkeypatch, capsys):
         Path(argv[-2]).write_bytes(b"half")
         raise Error("mmdebstrap failed with exit status 1")
 
-    monkeypatch.setattr(sf, "run_mmdebstrap", failing)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", failing)
     assert sf.main(["create", "--dist", "bookworm"]) == 2
     err = capsys.readouterr().err
     assert err == "sbuild-fast: error: mmdebstrap failed with exit status 1\n"
@@ -457,7 +459,7 @@ def test_create_removes_stale_scratch(home, monkeypatch):
     stale = home / ".cache/sbuild/.sbuild-fast/tmp.abc"
     stale.mkdir(parents=True)
     (stale / "bookworm-amd64.tar").write_bytes(b"left by kill -9")
-    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    monkeypatch.setattr(sfc, "run_mmdebstrap", fake_mmdebstrap()[0])
     assert sf.main(["create", "--dist", "bookworm"]) == 0
     assert not stale.exists()
 
@@ -466,7 +468,7 @@ def test_create_refuses_competing_file(home, monkeypatch, capsys):
     cache = home / ".cache/sbuild"
     (cache / "bookworm-amd64.tar.zst").write_bytes(b"someone else's")
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm"]) == 2
     assert "compete" in capsys.readouterr().err
     assert calls == [] and tree(cache) == ["bookworm-amd64.tar.zst"]
@@ -486,7 +488,7 @@ def test_create_refuses_competing_file(home, monkeypatch, capsys):
 )
 def test_bad_input_exit_2_nothing_written(home, monkeypatch, argv, capsys):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     before = tree(home)
     assert sf.main(argv) == 2
     assert calls == [] and tree(home) == before
@@ -496,7 +498,7 @@ def test_bad_input_exit_2_nothing_written(home, monkeypatch, argv, capsys):
 
 def test_dry_run_touches_nothing(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     before = tree(home)
     assert sf.main(["create", "--dist", "bookworm", "--configure", "--dry-run"]) == 0
     assert calls == [] and tree(home) == before
@@ -510,11 +512,11 @@ def test_dry_run_touches_nothing(home, monkeypatch, capsys):
 @pytest.mark.needs_mapped_ids
 def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
     cache = home / ".cache/sbuild"
     refresh, calls2 = fake_mmdebstrap(b"fresh")
-    monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", refresh)
     assert sf.main(["update", "bookworm"]) == 0
     assert (cache / "bookworm-amd64.tar").read_bytes() == b"fresh"
     assert "--include=fakeroot,debhelper,passwd,eatmydata,dh-python" in calls[0]
@@ -537,7 +539,7 @@ def test_update_refreshes_the_current_tarball(home, monkeypatch, capsys):
 @pytest.mark.needs_mapped_ids
 def test_update_mirror_is_recorded(home, monkeypatch, capsys):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm", "--mirror", "http://a.example/debian"]) == 0
     assert sf.main(["update", "--mirror", "http://b.example/debian/"]) == 0
     assert sf.main(["update"]) == 0
@@ -551,7 +553,7 @@ def test_update_nothing(home, capsys):
 
 @pytest.mark.needs_mapped_ids
 def test_list_and_remove(home, monkeypatch, capsys):
-    monkeypatch.setattr(sf, "run_mmdebstrap", fake_mmdebstrap()[0])
+    monkeypatch.setattr(sfc, "run_mmdebstrap", fake_mmdebstrap()[0])
     monkeypatch.setattr(sbs, "SCHROOT_STATE_DIR", str(home / "no-schroot-state"))
     assert sf.main(["create", "--dist", "bookworm"]) == 0
     capsys.readouterr()
@@ -580,7 +582,7 @@ def make_tar(path, eatmydata=True, mandb=False, apt_wrappers=True):
     (root / "etc/sbuild-fast").write_text("sbuild-fast 0.1.0\n")
     if eatmydata:
         (root / "usr/bin/eatmydata").touch()
-        subprocess.run(["sh", "-c", sf.EATMYDATA_HOOK, "exec", str(root)], check=True)
+        subprocess.run(["sh", "-c", sfc.EATMYDATA_HOOK, "exec", str(root)], check=True)
         if not apt_wrappers:  # a chroot from sbuild-fast 0.1.0
             for name in sbs.APT_WRAPPERS:
                 (root / "usr/local/bin" / name).unlink()
@@ -775,7 +777,7 @@ def test_update_revalidates_state(home, monkeypatch):
         )
     )
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["update"]) == 2 and calls == []
     record.write_text(
         json.dumps(
@@ -789,7 +791,7 @@ def test_update_revalidates_state(home, monkeypatch):
         )
     )
     monkeypatch.setattr(
-        sf, "host_mirror", lambda dist=None, root=Path("/"): "http://m.example/debian"
+        sfc, "host_mirror", lambda dist=None, root=Path("/"): "http://m.example/debian"
     )
     assert sf.main(["update"]) == 0 and calls[0][-1] == "http://m.example/debian"
 
@@ -801,7 +803,7 @@ def test_run_mmdebstrap_runs_in_root_directory(tmp_path, monkeypatch):
     work = tmp_path / "home"
     work.mkdir()
     monkeypatch.chdir(work)
-    sf.run_mmdebstrap(["sh", "-c", f"pwd > '{out}'"])
+    sfc.run_mmdebstrap(["sh", "-c", f"pwd > '{out}'"])
     assert out.read_text() == "/\n"
 
 
@@ -822,7 +824,7 @@ def test_configure_keeps_a_symlinked_sbuildrc(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.85.0")
-    assert sf.configure("unshare", True, False) == 0
+    assert sfcfg.configure("unshare", True, False) == 0
     assert (home / ".sbuildrc").is_symlink()
     text = real.read_text()
     assert text.startswith("$build_arch_all = 1;\n") and sbs.CONFIG_BEGIN in text
@@ -846,7 +848,7 @@ def test_remove_leaves_tarballs_it_did_not_make(home, capsys):
 @pytest.mark.needs_mapped_ids
 def test_update_goes_on_after_a_failing_chroot(home, monkeypatch, capsys):
     run, _ = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm"]) == 0
     assert sf.main(["create", "--dist", "trixie"]) == 0
     refreshed = []
@@ -857,7 +859,7 @@ def test_update_goes_on_after_a_failing_chroot(home, monkeypatch, capsys):
         refreshed.append(argv)
         Path(argv[-2]).write_bytes(b"fresh")
 
-    monkeypatch.setattr(sf, "run_mmdebstrap", refresh)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", refresh)
     capsys.readouterr()
     assert sf.main(["update"]) == 2
     assert (
@@ -1022,11 +1024,11 @@ def test_doctor_broken_sbuild_config_is_a_finding(home, monkeypatch, capsys):
 
 
 def test_configure_schroot_tells_about_builders(home, capsys):
-    assert sf.configure("schroot", False, False) == 0
+    assert sfcfg.configure("schroot", False, False) == 0
     out = capsys.readouterr().out
     assert "$chroot_mode = 'schroot';" in out
     assert "each builder in the sbuild group needs this block" in out
-    assert sf.configure("unshare", False, False) == 0
+    assert sfcfg.configure("unshare", False, False) == 0
     assert "sbuild group" not in capsys.readouterr().out
 
 
@@ -1045,13 +1047,13 @@ union-type=overlay
 
 def test_create_schroot_warns_when_another_chroot_wins(tmp_path, caplog):
     recipe = dict(RECIPE, mode="schroot")
-    sf.create_schroot(recipe, dry_run=True, root=tmp_path)
+    sfc.create_schroot(recipe, dry_run=True, root=tmp_path)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     conf_dir = tmp_path / sbs.SCHROOT_CONF_DIR
     conf_dir.mkdir(parents=True)
     (conf_dir / "bookworm-amd64-sbuild-AbC123").write_text(CREATECHROOT_CONF)
     (conf_dir / "ignored.dpkg-old").write_text("[bookworm-sbuild]\n")
-    result = sf.create_schroot(recipe, dry_run=True, root=tmp_path)
+    result = sfc.create_schroot(recipe, dry_run=True, root=tmp_path)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "'sbuild -d bookworm' uses schroot chroot bookworm-amd64-sbuild" in warning
     assert "'sbuild -c bookworm-amd64-sbuild-fast'" in warning
@@ -1186,14 +1188,14 @@ def test_record_without_name_is_skipped(home, caplog):
 @pytest.mark.needs_mapped_ids
 def test_update_rereads_the_record_under_the_lock(home, monkeypatch):
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm"]) == 0
     cache = home / ".cache/sbuild"
     state_dir = cache / sbs.STATE_SUBDIR
-    stale = sf.recipe_from_state(sbs.read_states(state_dir)[0])  # what update read first
+    stale = sfc.recipe_from_state(sbs.read_states(state_dir)[0])  # what update read first
     # ... then a create with another recipe ran to completion before update got the lock
     assert sf.main(["create", "--dist", "bookworm", "--include", "dh-python", "--keep-docs"]) == 0
-    sf.create_unshare(stale, cache, False, refresh=True, from_record=True)
+    sfc.create_unshare(stale, cache, False, refresh=True, from_record=True)
     assert any(
         a.endswith("install fakeroot debhelper passwd eatmydata dh-python") for a in calls[-1]
     )
@@ -1202,7 +1204,7 @@ def test_update_rereads_the_record_under_the_lock(home, monkeypatch):
     assert state["include"] == ["dh-python"] and state["keep_docs"] is True
     # and a record removed meanwhile is not brought back
     assert sf.main(["remove", "bookworm"]) == 0
-    result = sf.create_unshare(stale, cache, False, refresh=True, from_record=True)
+    result = sfc.create_unshare(stale, cache, False, refresh=True, from_record=True)
     assert result["removed"] and not (cache / "bookworm-amd64.tar").exists()
 
 
@@ -1330,18 +1332,18 @@ def test_lintian_is_preinstalled_when_sbuild_runs_it(tmp_path, monkeypatch):
     fake_tool(tmp_path / "bin", "dpkg-query", 'echo "0.85.0"\n')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("RUN_LINTIAN", "1")
-    assert sf.sbuild_runs_lintian() is True
+    assert sfc.sbuild_runs_lintian() is True
     monkeypatch.setenv("RUN_LINTIAN", "0")
-    assert sf.sbuild_runs_lintian() is False
+    assert sfc.sbuild_runs_lintian() is False
     recipe = dict(RECIPE, lintian=True)
-    argv = sf.mmdebstrap_argv(recipe, "/out.tar", "unshare")
+    argv = sfc.mmdebstrap_argv(recipe, "/out.tar", "unshare")
     assert "--include=fakeroot,debhelper,passwd,eatmydata,lintian,dh-python" in argv
-    assert sf.recipe_from_state(dict(RECIPE, lintian=True))["lintian"] is True
-    assert sf.recipe_from_state(RECIPE)["lintian"] is False  # a record from 0.1.0
+    assert sfc.recipe_from_state(dict(RECIPE, lintian=True))["lintian"] is True
+    assert sfc.recipe_from_state(RECIPE)["lintian"] is False  # a record from 0.1.0
 
 
 def test_apt_cache_is_not_shipped():
-    argv = sf.mmdebstrap_argv(RECIPE, "/out.tar", "unshare")
+    argv = sfc.mmdebstrap_argv(RECIPE, "/out.tar", "unshare")
     # mmdebstrap's cleanup/apt/cache ('apt-get clean') removes the .debs and *.bin
     assert not [a for a in argv if a.startswith("--skip=cleanup/apt/cache")]
     assert "--skip=cleanup/apt/lists" in argv
@@ -1365,7 +1367,7 @@ def test_configure_on_trixie_writes_config_pl(home, monkeypatch, capsys):
     # make sbuild print "consider moving your ~/.sbuildrc" at every build)
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.89.3+deb13u4")
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    assert sf.configure("unshare", True, False) == 0
+    assert sfcfg.configure("unshare", True, False) == 0
     config_pl = home / ".config/sbuild/config.pl"
     assert "$unshare_mmdebstrap_auto_create = 0;" in config_pl.read_text()
     assert not (home / ".sbuildrc").exists()
@@ -1659,11 +1661,11 @@ def test_schroot_conf_and_fstab_mount_the_cache(tmp_path):
 
 
 def test_schroot_cache_fstab_copies_sbuilds_profile(tmp_path, caplog):
-    assert sf.schroot_cache_fstab(tmp_path) is None  # no sbuild profile: no cache
+    assert sfc.schroot_cache_fstab(tmp_path) is None  # no sbuild profile: no cache
     assert "without the package cache" in caplog.text
     (tmp_path / "etc/schroot/sbuild").mkdir(parents=True)
     (tmp_path / "etc/schroot/sbuild/fstab").write_text("/proc /proc none rw,bind 0 0\n")
-    assert sf.schroot_cache_fstab(tmp_path) == "sbuild-fast/fstab"
+    assert sfc.schroot_cache_fstab(tmp_path) == "sbuild-fast/fstab"
     fstab = (tmp_path / sbs.SCHROOT_FSTAB).read_text()
     assert fstab.startswith("/proc /proc") and "/var/cache/sbuild-fast/debs" in fstab
     assert (tmp_path / "var/cache/sbuild-fast/debs").is_dir()
@@ -1673,7 +1675,7 @@ def test_schroot_cache_fstab_copies_sbuilds_profile(tmp_path, caplog):
 def test_cache_hook_wires_apt(tmp_path, eatmydata):
     """The customize hook, run for real on a directory."""
     (tmp_path / "etc/apt/apt.conf.d").mkdir(parents=True)
-    subprocess.run(["sh", "-c", sf.cache_hook(eatmydata), "exec", str(tmp_path)], check=True)
+    subprocess.run(["sh", "-c", sfc.cache_hook(eatmydata), "exec", str(tmp_path)], check=True)
     conf = (tmp_path / sbs.CACHE_APT_CONF.lstrip("/")).read_text()
     assert 'APT::Sandbox::User "root";' in conf
     assert 'APT::Keep-Downloaded-Packages "true";' in conf
@@ -1717,15 +1719,15 @@ def test_cache_hook_wires_apt(tmp_path, eatmydata):
 
 
 def test_argv_has_the_cache_hook_only_with_the_cache():
-    with_cache = sf.mmdebstrap_argv(dict(RECIPE, cache=True), "/c/out.tar", "unshare")
+    with_cache = sfc.mmdebstrap_argv(dict(RECIPE, cache=True), "/c/out.tar", "unshare")
     hooks = [a.split("=", 1)[1] for a in with_cache if a.startswith("--customize-hook=")]
     assert hooks[-4:] == [
-        sf.EATMYDATA_HOOK,
-        sf.APPSTREAM_HOOK,
-        sf.cache_hook(True),
-        sf.CLEANUP_HOOK,
+        sfc.EATMYDATA_HOOK,
+        sfc.APPSTREAM_HOOK,
+        sfc.cache_hook(True),
+        sfc.CLEANUP_HOOK,
     ]
-    plain = sf.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
+    plain = sfc.mmdebstrap_argv(RECIPE, "/c/out.tar", "unshare")
     assert not any(sbs.CACHE_APT_CONF in a for a in plain)
 
 
@@ -1740,7 +1742,7 @@ def test_appstream_hook_turns_the_dep11_index_off(tmp_path):
         'Acquire::IndexTargets { deb::DEP-11 { MetaKey "$(COMPONENT)/dep11/'
         'Components-$(NATIVE_ARCHITECTURE).yml"; KeepCompressed "true"; }; };\n'
     )
-    subprocess.run(["sh", "-c", sf.APPSTREAM_HOOK, "exec", str(root)], check=True)
+    subprocess.run(["sh", "-c", sfc.APPSTREAM_HOOK, "exec", str(root)], check=True)
     # APT_CONFIG is read first, and names the parts directory apt then reads
     (tmp_path / "apt.conf").write_text(f'Dir::Etc::Parts "{parts}";\n')
     dump = subprocess.run(
@@ -1758,8 +1760,8 @@ def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):
     root = tmp_path / "tree"
     (root / "usr/bin").mkdir(parents=True)
     (root / "etc/apt/apt.conf.d").mkdir(parents=True)
-    subprocess.run(["sh", "-c", sf.EATMYDATA_HOOK, "exec", str(root)], check=True)
-    subprocess.run(["sh", "-c", sf.cache_hook(True), "exec", str(root)], check=True)
+    subprocess.run(["sh", "-c", sfc.EATMYDATA_HOOK, "exec", str(root)], check=True)
+    subprocess.run(["sh", "-c", sfc.cache_hook(True), "exec", str(root)], check=True)
     with tarfile.open(tmp_path / "c.tar", "w") as tar:
         tar.add(root, arcname=".")
     assert sfd.inspect_tarball(tmp_path / "c.tar")["apt_under_eatmydata"]
@@ -1768,7 +1770,7 @@ def test_doctor_sees_eatmydata_behind_the_cache_lock(tmp_path):
 @pytest.mark.needs_mapped_ids
 def test_create_no_cache_and_update_cache_max(home, monkeypatch, capsys):
     run, _ = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm", "--no-cache"]) == 0
     state_dir = home / ".cache/sbuild/.sbuild-fast"
     assert json.loads((state_dir / "bookworm-amd64.json").read_text())["cache"] is False
@@ -1796,10 +1798,10 @@ def test_cache_max_checked_first_and_bounded(home, monkeypatch, capsys, caplog):
     """A bad --cache-max is refused before any chroot is refreshed; a huge one is a
     one-line error, not an OverflowError; the same text in the file is the default."""
     run, _ = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     assert sf.main(["create", "--dist", "bookworm"]) == 0
     refreshed = []
-    monkeypatch.setattr(sf, "build_chroot", lambda *a, **k: refreshed.append(a))
+    monkeypatch.setattr(sfc, "build_chroot", lambda *a, **k: refreshed.append(a))
     capsys.readouterr()
     assert sf.main(["update", "--cache-max", "bogus"]) == 2
     assert refreshed == []
@@ -1823,7 +1825,7 @@ def test_create_cache_options_and_dry_run_plan(home, monkeypatch, capsys):
     """--no-cache with --cache-max is refused, not a silently dropped cap; --dry-run
     lists the cache directory and the ACLs a real run adds."""
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     before = tree(home)
     assert sf.main(["create", "--dist", "bookworm", "--no-cache", "--cache-max", "1G"]) == 2
     assert "--no-cache" in capsys.readouterr().err and tree(home) == before
@@ -1875,7 +1877,7 @@ def test_create_refuses_a_closed_mask_before_writing(home, monkeypatch, capsys):
     """A home whose mask would have to widen for the chroot's root: create refuses
     before mmdebstrap runs, not after the tarball is written."""
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     closed = closed_home_acl()
     os.chmod(home, 0o700)
     try:
@@ -1909,7 +1911,7 @@ def test_create_refuses_a_filesystem_without_acls(home, monkeypatch, capsys):
     """ZFS with acltype=off, ext4 mounted noacl: the chroot's root cannot be given
     write access to the cache, which create says before it writes anything."""
     run, calls = fake_mmdebstrap()
-    monkeypatch.setattr(sf, "run_mmdebstrap", run)
+    monkeypatch.setattr(sfc, "run_mmdebstrap", run)
     real_getxattr = os.getxattr
 
     def no_acls(path, attribute, *args, **kwargs):
@@ -2068,13 +2070,13 @@ def test_configure_on_trixie_sets_unshare_and_says_why(home, monkeypatch, capsys
     # fails with "not a member of group sbuild"; printed, the block comes with a note
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.89.3+deb13u4")
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    assert sf.configure("unshare", False, False) == 0
+    assert sfcfg.configure("unshare", False, False) == 0
     out = capsys.readouterr().out
     assert "$chroot_mode = 'unshare';" in out
     assert "# sbuild 0.89.3+deb13u4 defaults to schroot mode (unshare from 0.90 on)" in out
     assert "note: sbuild 0.89.3+deb13u4 defaults to schroot mode" in out
     assert not (home / ".config/sbuild/config.pl").exists()
-    assert sf.configure("unshare", True, False) == 0
+    assert sfcfg.configure("unshare", True, False) == 0
     text = (home / ".config/sbuild/config.pl").read_text()
     assert "\n$chroot_mode = 'unshare';\n" in text
     assert "note:" not in capsys.readouterr().out  # written: nothing left to do by hand
@@ -2082,10 +2084,10 @@ def test_configure_on_trixie_sets_unshare_and_says_why(home, monkeypatch, capsys
 
 def test_configure_on_sbuild_090_needs_no_note(home, monkeypatch, capsys):
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.90.1")
-    assert sf.configure("unshare", False, False) == 0
+    assert sfcfg.configure("unshare", False, False) == 0
     out = capsys.readouterr().out
     assert "$chroot_mode = 'unshare';" in out and "defaults to" not in out
-    assert sf.configure("schroot", False, False) == 0
+    assert sfcfg.configure("schroot", False, False) == 0
     out = capsys.readouterr().out
     assert "# sbuild 0.90.1 defaults to unshare mode" in out
     assert "note: sbuild 0.90.1 defaults to unshare mode" in out
@@ -2096,7 +2098,7 @@ def test_configure_on_sbuild_091_says_what_a_plain_build_misses(home, monkeypatc
     # in sbuild's own unshare mode, not through the session backend the block chooses
     monkeypatch.setattr(sbs, "sbuild_version", lambda: "0.91.10")
     cache = str(home / ".cache/sbuild/.sbuild-fast/debs")
-    assert sf.configure("unshare", False, False, cache=True, server="/usr/bin/sbuild-fast") == 0
+    assert sfcfg.configure("unshare", False, False, cache=True, server="/usr/bin/sbuild-fast") == 0
     out = capsys.readouterr().out
     assert "$chroot_mode = 'autopkgtest';" in out
     assert "# sbuild 0.91.10 defaults to unshare mode (unshare from 0.90 on)" in out
@@ -2120,14 +2122,14 @@ def test_run_mmdebstrap_reports_its_stages_and_times(tmp_path, monkeypatch, caps
     # No timing in the assertions: mmdebstrap's stage lasts 3 s, run_mmdebstrap looks every
     # second, and a stage older than PROGRESS_EVERY (0.5 s) is reported again, whatever
     # the load delays.
-    monkeypatch.setattr(sf, "PROGRESS_EVERY", 0.5)
-    sf.run_mmdebstrap([str(tool), "0"])
+    monkeypatch.setattr(sfc, "PROGRESS_EVERY", 0.5)
+    sfc.run_mmdebstrap([str(tool), "0"])
     err = capsys.readouterr().err
     assert re.search(r"sbuild-fast: \[0:0\d\] downloading packages with apt\.\.\.", err)
     assert re.search(r"sbuild-fast: \[0:0\d\] still: downloading packages with apt\.\.\.", err)
     assert re.search(r"\[0:0\d\] extracting archives\.\.\.", err)
     assert "mmdebstrap done in 0:0" in err and "Get:1" not in err
     with pytest.raises(Error, match="exit status 3"):
-        sf.run_mmdebstrap([str(tool), "3"])
+        sfc.run_mmdebstrap([str(tool), "3"])
     err = capsys.readouterr().err
     assert "mmdebstrap: Get:1 x" in err and "mmdebstrap: E: broken 3" in err

@@ -407,7 +407,7 @@ def test_block_backend_reads_the_earlier_choice():
 def test_create_keeps_the_backend_chosen_before(
     tmp_path, monkeypatch, capsys, option, existing, expected
 ):
-    from debadmin.sbuild_fast import main as sfm
+    from debadmin.sbuild_fast import configure as sfm
 
     rc = tmp_path / ".sbuildrc"
     if existing:
@@ -663,3 +663,71 @@ def test_foreign_binds_leave_out_only_sbuild_fasts_cache(tmp_path):
         (tmp_path / "theirs", "/var/cache/apt/archives"),
         (cache, "/elsewhere"),
     ]
+
+
+def tree_paths():
+    """init's own path helpers (the code the session runs), on trees of the test's."""
+    env: dict = {}
+    exec(sfs.TREE_PATHS, env)  # noqa: S102 - the module's own code, as init runs it
+    return env
+
+
+def test_init_writes_through_descriptors_never_through_a_tree_link(tmp_path):
+    t = tree_paths()
+    tree, host = tmp_path / "tree", tmp_path / "host"
+    (tree / "etc").mkdir(parents=True)
+    host.mkdir()
+    (host / "hosts").write_text("the host's\n")
+    (host / "null").write_text("the host's\n")
+    os.chmod(host / "null", 0o644)
+    # a damaged tarball: etc/hosts and dev/null are links to host paths
+    (tree / "etc" / "hosts").symlink_to(host / "hosts")
+    (tree / "etc" / "resolv.conf").symlink_to("../../host/hosts")
+    (tree / "dev").mkdir()
+    (tree / "dev" / "null").symlink_to(host / "null")
+    t["tree_write"](str(tree), "etc/hosts", "127.0.0.1 localhost\n")
+    t["tree_write"](str(tree), "etc/resolv.conf", "")
+    os.close(t["tree_file"](str(tree), "dev/null", 0))
+    t["tree_symlink"](str(tree), "dev/fd", "/proc/self/fd")
+    # the host's files are as they were; the tree holds files of its own
+    assert (host / "hosts").read_text() == "the host's\n"
+    assert (host / "null").stat().st_mode & 0o777 == 0o644
+    assert not (tree / "etc" / "hosts").is_symlink()
+    assert (tree / "etc" / "hosts").read_text() == "127.0.0.1 localhost\n"
+    assert (tree / "etc" / "resolv.conf").read_text() == ""
+    assert (tree / "dev" / "null").lstat().st_mode & 0o7777 == 0
+    assert os.readlink(tree / "dev" / "fd") == "/proc/self/fd"
+    assert sorted(p.name for p in host.iterdir()) == ["hosts", "null"]
+
+
+def test_init_resolves_tree_links_inside_the_tree(tmp_path):
+    t = tree_paths()
+    tree, host = tmp_path / "tree", tmp_path / "host"
+    (tree / "usr" / "lib").mkdir(parents=True)
+    (tree / "run").mkdir()
+    host.mkdir()
+    (tree / "lib").symlink_to("usr/lib")  # merged /usr
+    (tree / "var").mkdir()
+    (tree / "var" / "run").symlink_to("/run")  # absolute: the tree's /run
+    (tree / "etc").symlink_to(host)  # absolute host path: the tree's own, made
+    (tree / "escape").symlink_to("../../../../../../..")
+    for rel, where in (
+        ("lib/x", tree / "usr" / "lib" / "x"),
+        ("var/run/lock", tree / "run" / "lock"),
+        ("escape/mnt", tree / "mnt"),
+    ):
+        fd = t["tree_dir"](str(tree), rel)
+        assert os.fstat(fd).st_ino == where.stat().st_ino
+        os.close(fd)
+    # a link to a host directory is the tree's path of that name, never the host's
+    t["tree_write"](str(tree), "etc/hosts", "x\n")
+    assert list(host.iterdir()) == []
+    assert (tree / host.relative_to("/") / "hosts").read_text() == "x\n"
+    # a file where a directory belongs refuses
+    (tree / "dev").write_text("")
+    with pytest.raises(OSError, match="damaged tree"):
+        t["tree_dir"](str(tree), "dev/pts")
+    loop = tree / "loop"
+    loop.symlink_to("loop")
+    with pytest.raises(OSError, match="too many links"):
+        t["tree_dir"](str(tree), "loop/x")

@@ -392,6 +392,12 @@ def command_cost(mode: str, chroot: Optional[str]) -> Optional[float]:
     return sbs.schroot_command_cost(chroot) if chroot else None
 
 
+def command_cost_read_only(mode: str, chroot: Optional[str]) -> Optional[float]:
+    """command_cost for --dry-run: unshare mode's timing writes nothing; a session unpacks
+    the chroot and schroot writes a session's files, so they are not timed (None)."""
+    return command_cost(mode, chroot) if mode == "unshare" else None
+
+
 def session_command_cost(name: str) -> Optional[float]:
     """Seconds per command through the session backend, on the user's chroot name (it
     unpacks the tarball once, as a build does), or None where the backend does not work."""
@@ -410,8 +416,10 @@ def session_command_cost(name: str) -> Optional[float]:
         return None
 
 
-def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
-    """gather_facts() for the calling user on this host."""
+def gather(build_dirs: Sequence[Path], root: Path = Path("/"), dry_run: bool = False) -> Facts:
+    """gather_facts() for the calling user on this host; dry_run: nothing is written
+    anywhere (no leftover removed, no chroot unpacked or schroot session opened to time
+    a command)."""
     versions = installed_versions()
     config: Dict[str, str] = {}
     config_error = None
@@ -430,27 +438,33 @@ def gather(build_dirs: Sequence[Path], root: Path = Path("/")) -> Facts:
         time.time(),
         root=root,
         config_error=config_error,
-        cost_probe=command_cost,
+        cost_probe=command_cost_read_only if dry_run else command_cost,
         caches=sbs.package_caches(states),
     )
-    facts["leftovers"] = remove_leftovers(config.get("unshare_tmpdir_template"))
+    facts["leftovers"] = remove_leftovers(config.get("unshare_tmpdir_template"), dry_run)
+    facts["dry_run"] = dry_run
     return facts
 
 
-def remove_leftovers(template: Optional[str]) -> List[Dict]:
+def remove_leftovers(template: Optional[str], dry_run: bool = False) -> List[Dict]:
     """The calling user's dead leftovers (trees of killed sessions, of failed unshare-mode
-    builds), each removed: the doctor's one change, as every sbuild-fast start makes it."""
+    builds), each removed (with dry_run, each judged only): the doctor's one change, as
+    every sbuild-fast start makes it. Root's are reported, never touched."""
     uid = os.getuid()
     extra = [os.path.dirname(template)] if template else []
     found = sfl.dead_leftovers(_user_name(uid), uid, extra)
-    return [
-        {
-            "path": str(item.path),
-            "kind": item.kind,
-            "removed": sfl.remove(item, uid, sfs.unshare_argv()),
-        }
-        for item in found
-    ]
+    out = []
+    for item in found:
+        status = sfl.remove(item, uid, sfl.removal_argv(), dry_run=dry_run)
+        out.append(
+            {
+                "path": str(item.path),
+                "kind": item.kind,
+                "removed": status == "removed",
+                "status": status,
+            }
+        )
+    return out
 
 
 # --- rules: facts in, findings out ----------------------------------------------------------
@@ -874,20 +888,34 @@ def rule_not_installed(facts: Facts) -> Findings:
     ]
 
 
-def rule_leftovers(facts: Facts) -> Findings:
-    """A tree a killed session or a failed unshare-mode build left: removed (info), or
-    still there (action)."""
-    return [
-        finding(
-            "leftover-removed" if item["removed"] else "leftover",
-            "info" if item["removed"] else "action",
-            f"removed the leftover {item['kind']} {item['path']}"
-            if item["removed"]
-            else f"cannot remove the leftover {item['kind']} {item['path']}",
-            item["path"],
+def _leftover_finding(item: Dict) -> Dict:
+    status = item.get("status") or ("removed" if item["removed"] else "failed")
+    what = f"the leftover {item['kind']} {item['path']}"
+    path = item["path"]
+    if status == "removed":
+        return finding("leftover-removed", "info", f"removed {what}", path)
+    if status == "would-remove":
+        return finding("leftover", "action", f"would remove {what}", path)
+    if status == "not-ours":
+        return finding(
+            "leftover-not-ours",
+            "warning",
+            f"{what} is root's or holds files of root or another user: left alone; once no "
+            f"build uses it, root removes it with 'rm -rf --one-file-system -- {path}'",
+            path,
         )
-        for item in facts.get("leftovers", [])
-    ]
+    return finding(
+        "leftover",
+        "action",
+        f"cannot remove {what}: remove it with '{sfl.removal_command(Path(path))}'",
+        path,
+    )
+
+
+def rule_leftovers(facts: Facts) -> Findings:
+    """A tree a killed session or a failed unshare-mode build left: removed (info), to be
+    removed (--dry-run) or that cannot be (action), or not the user's to remove (warning)."""
+    return [_leftover_finding(item) for item in facts.get("leftovers", [])]
 
 
 def rule_no_chroot(facts: Facts) -> Findings:

@@ -14,16 +14,28 @@ provably this user's and provably dead:
 - sbuild's tmp.sbuild.XXXXXXXXXX (chowned to the first subordinate uid by sbuild, or still
   the user's and empty): dead when no sbuild of the user runs but the callers' own
   ancestors (one running sbuild may be unpacking into it: it is then left for next time).
+
+Nothing of root's is touched: nothing is looked for when the caller is root or the user's
+first subordinate id is 0; a directory with one of these names that root owns is reported
+(status "not-ours"), never entered; a tree holding an entry whose owner or group is
+outside the user's mapping (root's, another user's: the overflow id inside it) is
+reported and left whole, and the removal itself runs in the user's mapping, which holds
+no right over root's files.
 """
 
 import logging
 import os
+import pwd
 import re
 import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence, Set
+
+from debadmin import fsutil
+from debadmin.errors import Error
+from debadmin.sbuild_fast import sbuild
 
 log = logging.getLogger("sbuild-fast")
 
@@ -90,7 +102,7 @@ def other_sbuild_runs(uid: int, proc: Path = Path("/proc"), me: Optional[int] = 
 class Leftover:
     path: Path
     kind: str  # "session mount point", "session tree", "unshare-mode tree"
-    owner: int  # the user's uid or the first subordinate uid
+    owner: int  # the user's uid or the first subordinate uid (0: root's, not ours)
 
     def describe(self) -> str:
         return f"{self.kind} {self.path}"
@@ -116,6 +128,8 @@ def find(
     found: List[Leftover] = []
     unshare_checked: List[bool] = []
     seen: Set[Path] = set()
+    if uid == 0 or subroot == 0:
+        return found  # root's is never ours to remove
     for directory in dirs:
         for path in _entries(directory):
             try:
@@ -128,10 +142,16 @@ def find(
             if match:
                 kind = "session mount point" if match["kind"] == "sbuild-fast" else "session tree"
                 owner = uid if kind == "session mount point" else subroot
-                if info.st_uid != owner or alive(int(match["pid"]), int(match["start"])):
+                if info.st_uid == 0:
+                    owner = 0  # reported, never entered
+                elif info.st_uid != owner or alive(int(match["pid"]), int(match["start"])):
                     continue
             elif UNSHARE_NAME.match(path.name):
                 kind = "unshare-mode tree"
+                if info.st_uid == 0:
+                    seen.add((info.st_dev, info.st_ino))
+                    found.append(Leftover(path, kind, 0))
+                    continue
                 if info.st_uid not in (uid, subroot):
                     continue
                 if not unshare_checked:
@@ -169,27 +189,66 @@ def candidate_dirs(extra: Iterable[Optional[str]] = ()) -> List[Path]:
     return out
 
 
-def remove(leftover: Leftover, uid: int, mapped: Sequence[str]) -> bool:
-    """Remove a leftover: what the subordinate ids own through their mapping (mapped: the
-    argv prefix running as the namespace's root), then the top directory if the user's."""
-    path = str(leftover.path)
-    if leftover.owner != uid or any(True for _ in _entries(leftover.path)):
-        subprocess.run(
-            [*mapped, "rm", "-rf", "--one-file-system", "--", path],
-            check=False,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+def removal_argv() -> List[str]:
+    """The user's own id mapping with both the user (as 0) and the first subordinate
+    range: its root may remove what either owns (a tmp.sbuild.* of the user's with the
+    subordinate root's files inside), and has no right over anything else."""
+    return ["unshare", "--map-auto", "--map-root-user"]
+
+
+def overflow_id(kind: str) -> int:
+    """The id (kind: uid or gid) an owner outside a user namespace's mapping shows as
+    inside it."""
     try:
-        if leftover.path.is_dir() and not leftover.path.is_symlink():
-            leftover.path.rmdir()
-    except OSError:
-        pass
+        return int(Path(f"/proc/sys/kernel/overflow{kind}").read_text().strip())
+    except (OSError, ValueError):
+        return 65534
+
+
+# Exit status of the removal's shell when the tree holds an entry of an unmapped owner.
+FOREIGN_RC = 3
+REMOVE_SCRIPT = (
+    'if find "$1" -xdev \\( -uid "$2" -o -gid "$3" \\) -print -quit | grep -q .; then '
+    "exit %d; fi; " % FOREIGN_RC
+)
+
+
+def removal_command(path: Path) -> str:
+    """What the user runs to remove a leftover by hand."""
+    return " ".join([*removal_argv(), "rm", "-rf", "--one-file-system", "--", str(path)])
+
+
+def remove(leftover: Leftover, uid: int, mapped: Sequence[str], dry_run: bool = False) -> str:
+    """Remove a leftover through the user's mapping (mapped: the argv prefix running as
+    its root, removal_argv()), unless its top or any entry is an id's outside that mapping
+    (root's, another user's). The outcome: "removed", "would-remove" (dry_run: nothing
+    is written), "not-ours" (left whole) or "failed"."""
+    path = str(leftover.path)
+    if uid == 0 or leftover.owner == 0:
+        return "not-ours"
+    script = REMOVE_SCRIPT + ("exit 0" if dry_run else 'exec rm -rf --one-file-system -- "$1"')
+    ran = subprocess.run(
+        [
+            *mapped,
+            "sh",
+            "-c",
+            script,
+            "sh",
+            path,
+            str(overflow_id("uid")),
+            str(overflow_id("gid")),
+        ],
+        check=False,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if ran.returncode == FOREIGN_RC:
+        return "not-ours"
+    if dry_run:
+        return "would-remove" if ran.returncode == 0 else "failed"
     gone = not os.path.lexists(path)
-    if not gone:
-        log.warning("cannot remove the leftover %s", leftover.describe())
-    return gone
+    return "removed" if gone else "failed"
 
 
 def first_subuid(user: str, root: Path = Path("/")) -> Optional[int]:
@@ -220,13 +279,66 @@ def dead_leftovers(
     )
 
 
+def _warned(record: Optional[Path]) -> Set[str]:
+    if record is None:
+        return set()
+    try:
+        return set(record.read_text(encoding="utf-8").splitlines())
+    except OSError:
+        return set()
+
+
 def clean(
-    user: str, uid: int, mapped: Sequence[str], extra_dirs: Iterable[Optional[str]] = ()
+    user: str,
+    uid: int,
+    mapped: Sequence[str],
+    extra_dirs: Iterable[Optional[str]] = (),
+    record: Optional[Path] = None,
 ) -> List[Leftover]:
-    """Remove the user's dead leftovers; the ones removed."""
+    """Remove the user's dead leftovers; the ones removed. One that stays is warned about
+    once (record: the file naming those already warned about; None: every time), with the
+    command that removes it; 'sbuild-fast doctor' reports it at every run."""
     removed = []
+    warned = _warned(record)
+    stuck: Set[str] = set()
     for leftover in dead_leftovers(user, uid, extra_dirs):
-        if remove(leftover, uid, mapped):
+        outcome = remove(leftover, uid, mapped)
+        if outcome == "removed":
             log.info("removed the leftover %s", leftover.describe())
             removed.append(leftover)
+            continue
+        stuck.add(str(leftover.path))
+        if outcome == "not-ours":
+            message = "the leftover %s holds files of root or of another user: left alone"
+        else:
+            message = "cannot remove the leftover %s: " + removal_command(leftover.path)
+        if str(leftover.path) in warned:
+            log.info(message, leftover.describe())
+        else:
+            log.warning(
+                message + " (said once; 'sbuild-fast doctor' lists it)", leftover.describe()
+            )
+    if record is not None and stuck != warned and record.parent.is_dir():
+        try:
+            if stuck:
+                fsutil.atomic_write(record, "".join(f"{p}\n" for p in sorted(stuck)).encode())
+            else:
+                fsutil.remove_file(record)
+        except (OSError, Error) as exc:
+            log.debug("cannot record the leftovers warned about in %s: %s", record, exc)
     return removed
+
+
+# The leftovers a run could not remove and has warned about (once each).
+LEFTOVERS_WARNED = "leftovers-warned"
+
+
+def clean_mine(dry_run: bool) -> None:
+    """Remove what killed sessions and failed unshare-mode builds of this user left (their
+    trees belong to the first subordinate uid: removed through its mapping)."""
+    uid = os.getuid()
+    if dry_run or uid == 0:
+        return
+    user = pwd.getpwuid(uid).pw_name
+    record = sbuild.user_cache_dir() / sbuild.STATE_SUBDIR / LEFTOVERS_WARNED
+    clean(user, uid, removal_argv(), record=record)

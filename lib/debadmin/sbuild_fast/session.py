@@ -26,6 +26,7 @@ and a network namespace with only lo), and returns an nsenter argv into them:
 import json
 import logging
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -40,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from debadmin.errors import Error
 from debadmin.sbuild_fast import leftovers
+from debadmin.sbuild_fast import sbuild as sbs
 from debadmin.sbuild_fast.sbuild import CACHE_MOUNTPOINT
 
 log = logging.getLogger("sbuild-fast")
@@ -144,12 +146,114 @@ TMPFS_FACTOR = 3  # the tree's size times this: the chroot, the build tree, the 
 # sbuild passes on to its virt server.
 TMPFS_SIZE_VAR = "SBUILD_FAST_SESSION_TMPFS_SIZE"
 
+# The unpacked tree is the tarball's, and a damaged one may hold symbolic links where
+# init writes or mounts (etc/hosts, dev/null, dev itself, a bind's mount point): every
+# path under the tree is reached by descriptors, one component at a time with
+# O_NOFOLLOW, created where missing, and a symbolic link or other file where a directory
+# belongs refuses the session; what init writes replaces whatever file was there; mounts
+# land on the descriptor (/proc/self/fd/N), never on a path resolved again. Shared with
+# the unit tests, which run it on trees of their own.
+TREE_PATHS = r"""
+import ctypes, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+MS_BIND, MS_REC, MS_NOSUID, MS_NOEXEC = 0x1000, 0x4000, 0x2, 0x8
+def cmount(src, target, fstype, flags, data=None):
+    if libc.mount(src.encode(), target.encode(), fstype and fstype.encode(), flags,
+                  data and data.encode()) != 0:
+        raise OSError(ctypes.get_errno(), "mount " + target)
+def tree_dir(root, rel):
+    # a descriptor of the directory ROOT/rel, made where missing; a link on the way is
+    # resolved inside the tree (as a chroot would: merged /usr, /var/run), never outside
+    names, parts, hops = [c for c in rel.split("/") if c not in ("", ".")], [], 0
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        while names:
+            name = names.pop(0)
+            if name == "..":
+                parts = parts[:-1]
+                os.close(fd)
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                names = parts + names
+                parts = []
+                continue
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            info = os.lstat(name, dir_fd=fd)
+            if stat.S_ISLNK(info.st_mode):
+                hops += 1
+                if hops > 40:
+                    raise OSError(40, "damaged tree: too many links in %s/%s" % (root, rel))
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    parts = []
+                names = [c for c in target.split("/") if c not in ("", ".")] + names
+                if not target.startswith("/"):
+                    # relative: from the directory holding the link (parts so far)
+                    os.close(fd)
+                    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    names = parts + names
+                    parts = []
+                continue
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise OSError(exc.errno, "damaged tree: %s/%s is not a directory"
+                              % (root, rel))
+            os.close(fd)
+            fd, parts = sub, parts + [name]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+def tree_clear(dfd, name):
+    # what is at name in the directory dfd goes unless it is a directory
+    try:
+        if not stat.S_ISDIR(os.lstat(name, dir_fd=dfd).st_mode):
+            os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+def tree_file(root, rel, mode=0o644):
+    # a new empty regular file at ROOT/rel (whatever was there goes): its descriptor
+    parent, _, name = rel.rstrip("/").rpartition("/")
+    dfd = tree_dir(root, parent)
+    try:
+        tree_clear(dfd, name)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    os.fchmod(fd, mode)
+    return fd
+def tree_write(root, rel, text):
+    fd = tree_file(root, rel)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+def tree_symlink(root, rel, target):
+    parent, _, name = rel.rpartition("/")
+    dfd = tree_dir(root, parent)
+    try:
+        tree_clear(dfd, name)
+        os.symlink(target, name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+def fd_path(fd):
+    return "/proc/self/fd/%d" % fd
+"""
+
 # The session's init: runs inside the namespaces (python3 -c INIT json-args), as their
 # root (unshare --map-auto maps the first subordinate range from 0 and sets uid 0 before
-# exec, so init keeps its capabilities there). It mounts and unpacks, pivots into the tree, reports 'ready', and
-# then only reaps orphans (pid 1 of the namespace) until it is killed.
-INIT = r"""
-import ctypes, fcntl, json, os, select, signal, socket, struct, subprocess, sys, tempfile
+# exec, so init keeps its capabilities there). It mounts and unpacks, pivots into the
+# tree, reports 'ready', and then only reaps orphans (pid 1 of the namespace) until it is
+# killed.
+INIT = (
+    TREE_PATHS
+    + r"""
+import fcntl, json, select, signal, socket, struct, subprocess, sys, tempfile
 a = json.loads(sys.argv[1])
 os.umask(0o022)
 root = a["root"]
@@ -168,49 +272,38 @@ excl = ["--exclude=./dev/" + d for d in ("urandom", "random", "full", "null", "c
 run("tar", *excl, "--directory", root, "--extract", "--file", "/proc/self/fd/%d" % a["tar_fd"],
     pass_fds=[a["tar_fd"]])
 os.close(a["tar_fd"])
-os.makedirs(root + "/dev", exist_ok=True)
 for d in ("null", "zero", "full", "random", "urandom", "tty", "console"):
-    path = root + "/dev/" + d
-    if not os.path.lexists(path):
-        open(path, "w").close()
-    os.chmod(path, 0)
-    run("mount", "-o", "bind", "/dev/" + d, path)
+    fd = tree_file(root, "dev/" + d, 0)
+    cmount("/dev/" + d, fd_path(fd), None, MS_BIND)
+    os.close(fd)
 for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                      ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
                      ("ptmx", "/dev/pts/ptmx")):
-    path = root + "/dev/" + name
-    if os.path.lexists(path):
-        os.unlink(path)
-    os.symlink(target, path)
-for d in ("pts", "shm"):
-    os.makedirs(root + "/dev/" + d, exist_ok=True)
-run("mount", "-o", "noexec,nosuid,gid=5,mode=620,ptmxmode=666", "-t", "devpts", "none",
-    root + "/dev/pts")
-run("mount", "-t", "tmpfs", "tmpfs", root + "/dev/shm")
-os.makedirs(root + "/sys", exist_ok=True)
-run("mount", "-o", "rbind", "/sys", root + "/sys")
+    tree_symlink(root, "dev/" + name, target)
+def mount_on(rel, src, fstype, flags, data=None):
+    fd = tree_dir(root, rel)
+    try:
+        cmount(src, fd_path(fd), fstype, flags, data)
+    finally:
+        os.close(fd)
+mount_on("dev/pts", "none", "devpts", MS_NOEXEC | MS_NOSUID, "gid=5,mode=620,ptmxmode=666")
+mount_on("dev/shm", "tmpfs", "tmpfs", 0)
+mount_on("sys", "/sys", None, MS_BIND | MS_REC)
 # as sbuild's unshare mode (0.86 on): nothing of /sys/kernel, an empty read-only tmpfs
+# (sys is the host's sysfs by now, not the tarball's)
 run("mount", "-t", "tmpfs", "-o", "ro,nosuid,nodev,noexec,mode=0755", "none", root + "/sys/kernel")
-os.makedirs(root + "/proc", exist_ok=True)
-run("mount", "-t", "proc", "proc", root + "/proc")
+mount_on("proc", "proc", "proc", 0)
 for fd, mountpoint in a["binds"]:
-    os.makedirs(root + mountpoint, exist_ok=True)
-    run("mount", "--bind", "/proc/self/fd/%d" % fd, root + mountpoint, pass_fds=[fd])
+    # the host directory by its path in this namespace, as mount(8) took it (the server's
+    # descriptor is of the host's mount namespace: a bind from it is refused)
+    mount_on(mountpoint, os.readlink(fd_path(fd)), None, MS_BIND)
     os.close(fd)
 socket.sethostname("sbuild")
-with open(root + "/etc/hosts", "w") as f:
-    f.write("127.0.0.1 localhost\n127.0.1.1 sbuild\n::1 localhost ip6-localhost ip6-loopback\n")
-resolv = root + "/etc/resolv.conf"
-if os.path.lexists(resolv) and not os.path.isfile(resolv):
-    os.unlink(resolv)
-with open(resolv, "w") as f:
-    f.write(a["resolv"])
 # The session's own network namespace, where the build runs: only lo, up.
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
 fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
 s.close()
-libc = ctypes.CDLL(None, use_errno=True)
 # The tree becomes the root of the session's mount namespace and the host's root is
 # detached from it: no process of the session, its root included, can reach a host path
 # (a chroot leaves the host's root in the namespace, one chroot("x"), chdir("..")... away).
@@ -226,13 +319,14 @@ os.rmdir(old_root)
 with open("/proc/self/mountinfo") as f:
     if len([ln for ln in f if ln.split()[4] == "/"]) != 1:
         raise OSError(0, "the host's root is still mounted in the session")
+# Written where nothing but the tree is left to reach, and by descriptors still: a link
+# at etc/hosts or etc/resolv.conf is replaced by the file, never followed.
+tree_write("/", "etc/hosts",
+           "127.0.0.1 localhost\n127.0.1.1 sbuild\n::1 localhost ip6-localhost ip6-loopback\n")
+tree_write("/", "etc/resolv.conf", a["resolv"])
 # The offline commands' mount namespace: the session's, with an empty /etc/resolv.conf
 # (sbuild's unshare mode gives the build without network none of the host's). A child
 # keeps it; the server finds it as init's one child.
-def cmount(src, target, fstype, flags, data=None):
-    if libc.mount(src.encode(), target.encode(), fstype and fstype.encode(), flags,
-                  data and data.encode()) != 0:
-        raise OSError(ctypes.get_errno(), "mount " + target)
 ready_r, ready_w = os.pipe()
 if os.fork() == 0:
     try:
@@ -268,6 +362,7 @@ while not alive.poll(1000):
         except ChildProcessError:
             break
 """
+)
 
 
 def read_handshake(fd: int, timeout: float, on_disk: Callable[[str], None]) -> bool:
@@ -904,4 +999,44 @@ def check_disk_parent(parent: Path) -> None:
         )
 
 
-__all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil"]
+def serve_dist(dist: str, arch: Optional[str], native: str) -> int:
+    """Speak the autopkgtest virt server protocol on stdin/stdout for one sbuild run of
+    dist (arch: sbuild's host architecture, None for native, the host's)."""
+    dist = sbs.validate_dist(dist)
+    arch = sbs.validate_arch(arch or native)
+    cache_dir = sbs.user_cache_dir()
+    view: List = []  # sbuild's BUILD_ARCH and bind mounts, read once when needed
+
+    def unshare_view() -> Tuple[Optional[str], List[Tuple[Path, str]]]:
+        if not view:
+            view.append(sbs.sbuild_unshare_view())
+        return view[0]
+
+    def state_of(name: str) -> Optional[Dict]:
+        path = cache_dir / sbs.STATE_SUBDIR / f"{name}.json"
+        return sbs.load_state(path) if path.exists() else None
+
+    build_arch = native
+    if arch != native and state_of(sbs.chroot_name(dist, arch)) is None:
+        build_arch = unshare_view()[0] or native
+    source = choose_source(
+        dist,
+        arch,
+        build_arch,
+        state_of,
+        lambda name: sbs.find_unshare_tarball(cache_dir, name),
+        cache_dir,
+    )
+    if source.state is not None:
+        binds = default_binds(source.state, sbs.package_cache_dir("unshare"))
+    else:
+        # a tarball of sbuild's own: mounted as its unshare mode mounts it, without
+        # sbuild-fast's package cache (as for a chroot named on sbuild's command line)
+        binds = foreign_binds(unshare_view()[1], sbs.package_cache_dir("unshare"))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    leftovers.clean_mine(False)
+    session = Session(source.tarball, user, binds, mountpoint_parent())
+    return serve(session, sys.stdin, sys.stdout)
+
+
+__all__ = ["Session", "serve", "encode_argv", "subid_range", "use_tmpfs", "shutil", "serve_dist"]
