@@ -44,7 +44,7 @@ APT := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q -
 
 # What the test pipeline itself runs (beyond the build dependencies).
 CHECK_DEPENDS := shellcheck python3-pytest python3-hypothesis radon lintian autopkgtest mmdebstrap uidmap \
-	sbuild faketime ansible-core ansible-lint
+	sbuild faketime ansible-core ansible-lint prometheus
 # make repo's tools (tests/integration/release uses them and piuparts too).
 REPO_DEPENDS := reprepro gnupg
 # What the integration tests use: the containers of tests/integration/lib, then per tool.
@@ -64,8 +64,10 @@ TEST_DEPENDS_release := $(REPO_DEPENDS) piuparts git
 # The collection's fleet test: ansible-core over ssh to containers, a repository by
 # make-repo, the OVMF store the rollout fixes.
 TEST_DEPENDS_ansible-collection := ansible-core openssh-client $(REPO_DEPENDS) ovmf
+# debadmin(7)'s metrics on node_exporter's /metrics (the OVMF store secureboot-ca-check reads).
+TEST_DEPENDS_metrics := ovmf
 TEST_DEPENDS := systemd-container \
-	$(foreach tool,$(TOOLS) release ansible-collection,$(TEST_DEPENDS_$(tool)))
+	$(foreach tool,$(TOOLS) release ansible-collection metrics,$(TEST_DEPENDS_$(tool)))
 
 # Every shell file, found by its #! line: maintainer scripts, debian/tests, tests, bench, CI.
 FIND_TREE := find . \( -path ./build -o -path ./build-trixie -o -path ./.git \) -prune -o -type f

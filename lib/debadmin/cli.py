@@ -145,6 +145,31 @@ def run(
     if "logging" in sys.modules or _pending[1] < LEVELS[0]:  # the tool logs, or -v
         logger()
     target = func or args.func
+    metrics = sys.modules.get("debadmin.metrics")
+    if metrics is not None:
+        metrics.start()  # a new run (tests call main() again in one process)
+    code = EXIT_ERROR
+    try:
+        code = _run_command(prog, target, args, as_json)
+        return code
+    finally:
+        if getattr(args, "metrics", False):
+            _write_metrics(prog, args, code)
+
+
+def _write_metrics(prog: str, args: argparse.Namespace, code: int) -> None:
+    """The run's node_exporter textfile (debadmin.metrics), for the commands that
+    declare one; a failure to write it is a warning, never the run's exit status."""
+    from debadmin import metrics
+
+    try:
+        metrics.finish(prog, args, code)
+    except Error as exc:
+        logger().warning("warning: metrics not written: %s", exc)
+
+
+def _run_command(prog: str, target, args: argparse.Namespace, as_json: bool) -> int:
+    """target(args), its expected failures turned into exit codes (see run())."""
     try:
         code = int(target(args))
         if as_json:  # a tool that returned without its document (a refusal it printed)

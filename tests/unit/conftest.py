@@ -69,3 +69,15 @@ def pytest_runtest_setup(item):
     reason = missing_need(item)
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def no_host_metrics(tmp_path_factory, monkeypatch):
+    """Tools' runs never write the host's node_exporter textfiles (debadmin.metrics):
+    the directory they write is one that does not exist, unless a test sets another."""
+    from debadmin import metrics
+
+    missing = tmp_path_factory.mktemp("textfile")
+    missing.rmdir()  # a path of this test's own, made by the test that wants it
+    monkeypatch.setattr(metrics, "DIRECTORY", missing)
+    return missing

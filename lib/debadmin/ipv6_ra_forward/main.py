@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
     )
     p.add_argument("uplinks", nargs="+", metavar="UPLINK", help="uplink interfaces")
-    p.set_defaults(func=cmd_enable)
+    p.set_defaults(func=cmd_enable, metrics=True)  # debadmin(7) metrics
 
     p = sub.add_parser(
         "disable",
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
     )
     p.add_argument("uplinks", nargs="+", metavar="UPLINK", help="uplink interfaces")
-    p.set_defaults(func=cmd_disable)
+    p.set_defaults(func=cmd_disable, metrics=True)  # debadmin(7) metrics
 
     p = sub.add_parser(
         "watch",
@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-n", "--dry-run", action="store_true", help="print what would change and change nothing"
     )
-    p.set_defaults(func=cmd_watch)
+    p.set_defaults(func=cmd_watch, metrics=True)  # debadmin(7) metrics
     return parser
 
 

@@ -13,7 +13,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from debadmin import cli, fsutil, sysconf
+from debadmin import cli, fsutil, metrics, sysconf
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding, needs_action, text_lines
 from debadmin.journal_acl_setup import walk as walker
@@ -1169,6 +1169,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         configured = configured_groups(root) if args.group else names
         add_to_config = [n for n in groups if n not in configured]
         state = inspect(root, groups, keep=LISTED)
+        metrics.findings(state.findings)
         for item in state.findings:
             if item["code"] in ADMIN_CHOICE:
                 log.warning("left as set: %s", item["message"])
@@ -1187,6 +1188,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             say(f"done: {text}")
         flush(root, False, say)
         after = inspect(root, groups, keep=LISTED)
+        metrics.findings(after.findings)
     return _verdict(state, after)
 
 
@@ -1573,7 +1575,8 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=helptext, description=helptext, formatter_class=cli.Formatter
         )
         cli.add_verbosity(p)
-        p.set_defaults(func=func)
+        # debadmin(7) metrics: apply and revert on this system, not an image's.
+        p.set_defaults(func=func, metrics=name != "check" and (lambda a: a.root == "/"))
         p.add_argument(
             "-g",
             "--group",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from debadmin import cli, fsutil
+from debadmin import cli, fsutil, metrics
 from debadmin.findings import finding
 from debadmin.errors import EXIT_ACTION, EXIT_OK, Error
 from debadmin.output import emit_json
@@ -730,6 +730,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _result(args: argparse.Namespace, report: Report) -> int:
     """Print the report as asked; the exit status."""
+    metrics.findings(report.findings())
     if args.json:
         emit_json(report.as_dict())
     elif getattr(args, "verbosity", 0) >= 0 or report.mode == "dry-run":
@@ -908,6 +909,8 @@ def build_parser() -> argparse.ArgumentParser:
         "'HASH  ./netboot/netboot.tar.gz'), before reading it",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    # debadmin(7) metrics: the runs that write (not --check, not --dry-run).
+    parser.set_defaults(metrics=lambda a: not a.check, metrics_command="apply")
     return parser
 
 

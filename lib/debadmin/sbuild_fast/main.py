@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(create)
-    create.set_defaults(func=cmd_create)
+    create.set_defaults(func=cmd_create, metrics=True)  # debadmin(7) metrics
 
     update = sub.add_parser(
         "update", help="refresh chroots (apt update + dist-upgrade) and replace them atomically"
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache_max_option(update)
     update.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(update)
-    update.set_defaults(func=cmd_update)
+    update.set_defaults(func=cmd_update, metrics=True)  # debadmin(7) metrics
 
     lst = sub.add_parser("list", help="list the chroots sbuild-fast made")
     lst.add_argument("--json", action="store_true", help="print one JSON document")
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode_option(remove)
     remove.add_argument("-n", "--dry-run", action="store_true", help="print what would be done")
     cli.add_verbosity(remove)
-    remove.set_defaults(func=cmd_remove)
+    remove.set_defaults(func=cmd_remove, metrics=True)  # debadmin(7) metrics
 
     session = sub.add_parser(
         "session", help="autopkgtest virt server for sbuild (run by sbuild, not by hand)"

@@ -920,78 +920,85 @@ def prom_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def metric_families(reports: List[dict]) -> List[tuple]:
+    """The per-source gauges: (name, help, [(labels, value)]), in both the
+    secureboot_ca_check_NAME textfile of --textfile-dir and, as
+    debadmin_secureboot_ca_check_NAME, the debadmin(7) one."""
+    sources = [{"source": r["source"]["path"]} for r in reports]
+    return [
+        (
+            "secure_boot_active",
+            "Whether Secure Boot enforces.",
+            [(src, int(r["secure_boot_active"])) for src, r in zip(sources, reports)],
+        ),
+        (
+            "action_needed",
+            "Whether the source needs action.",
+            [(src, int(r["verdict"] == "action-needed")) for src, r in zip(sources, reports)],
+        ),
+        (
+            "offline_fix_available",
+            "Whether --fix can add missing 2023 CAs offline, from Microsoft's signed "
+            "updates or certificates shipped with the package.",
+            [
+                (src, int(bool((r.get("offline_fix") or {}).get("available"))))
+                for src, r in zip(sources, reports)
+            ],
+        ),
+        (
+            "kek_update_published",
+            "Whether Microsoft publishes a KEK update signed by the source's PK.",
+            [
+                (src, int(r["offline_fix"]["kek_update_published"]))
+                for src, r in zip(sources, reports)
+                if (r.get("offline_fix") or {}).get("kek_update_published") is not None
+            ],
+        ),
+        (
+            "dbx_behind",
+            "Whether dbx lacks entries of Microsoft's latest dbx update.",
+            [
+                (src, int(r["dbx_update"]["behind"]))
+                for src, r in zip(sources, reports)
+                if r.get("dbx_update")
+            ],
+        ),
+        (
+            "ca_present",
+            "Whether a Microsoft CA is in the variable it belongs in.",
+            [
+                (
+                    {**src, "ca": ca_id, "variable": row["belongs_in"]},
+                    int(bool(row[f"in_{row['belongs_in'].lower()}"])),
+                )
+                for src, r in zip(sources, reports)
+                for ca_id, row in r["microsoft_cas"].items()
+            ],
+        ),
+    ]
+
+
 def render_metrics(reports: List[dict], status: int, now: float) -> str:
-    """The node_exporter textfile: each family's HELP, TYPE and samples together."""
+    """The --textfile-dir textfile (the names before debadmin(7)'s scheme, kept for
+    one more release): each family's HELP, TYPE and samples together."""
     families = [
         (
             "status",
             "Exit status of secureboot-ca-check: 0 ok, 1 action needed, 2 error, "
             "3 not applicable.",
-            [("", status)],
+            [({}, status)],
         ),
-        ("last_run_timestamp_seconds", "When the check last ran.", [("", f"{now:.0f}")]),
+        ("last_run_timestamp_seconds", "When the check last ran.", [({}, f"{now:.0f}")]),
     ]
     if reports:
-        sources = [f'source="{prom_escape(r["source"]["path"])}"' for r in reports]
-        families += [
-            (
-                "secure_boot_active",
-                "Whether Secure Boot enforces.",
-                [(src, int(r["secure_boot_active"])) for src, r in zip(sources, reports)],
-            ),
-            (
-                "action_needed",
-                "Whether the source needs action.",
-                [(src, int(r["verdict"] == "action-needed")) for src, r in zip(sources, reports)],
-            ),
-            (
-                "offline_fix_available",
-                "Whether --fix can add missing 2023 CAs offline, from Microsoft's signed "
-                "updates or certificates shipped with the package.",
-                [
-                    (src, int(bool((r.get("offline_fix") or {}).get("available"))))
-                    for src, r in zip(sources, reports)
-                ],
-            ),
-            (
-                "kek_update_published",
-                "Whether Microsoft publishes a KEK update signed by the source's PK.",
-                [
-                    (src, int(r["offline_fix"]["kek_update_published"]))
-                    for src, r in zip(sources, reports)
-                    if (r.get("offline_fix") or {}).get("kek_update_published") is not None
-                ],
-            ),
-            (
-                "dbx_behind",
-                "Whether dbx lacks entries of Microsoft's latest dbx update.",
-                [
-                    (src, int(r["dbx_update"]["behind"]))
-                    for src, r in zip(sources, reports)
-                    if r.get("dbx_update")
-                ],
-            ),
-            (
-                "ca_present",
-                "Whether a Microsoft CA is in the variable it belongs in.",
-                [
-                    (
-                        f'{src},ca="{ca_id}",variable="{row["belongs_in"]}"',
-                        int(bool(row[f"in_{row['belongs_in'].lower()}"])),
-                    )
-                    for src, r in zip(sources, reports)
-                    for ca_id, row in r["microsoft_cas"].items()
-                ],
-            ),
-        ]
+        families += metric_families(reports)
     out = []
     for name, help_text, samples in families:
         metric = f"secureboot_ca_check_{name}"
         out += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-        out += [
-            f"{metric}{{{labels}}} {value}" if labels else f"{metric} {value}"
-            for labels, value in samples
-        ]
+        for labels, value in samples:
+            text = ",".join(f'{key}="{prom_escape(val)}"' for key, val in labels.items())
+            out.append(f"{metric}{{{text}}} {value}" if text else f"{metric} {value}")
     return "\n".join(out) + "\n"
 
 

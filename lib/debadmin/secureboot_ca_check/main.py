@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from cryptography.utils import CryptographyDeprecationWarning
 
-from debadmin import cli
+from debadmin import cli, metrics
 from debadmin.errors import EXIT_ACTION, EXIT_NOT_APPLICABLE, EXIT_OK, Error, NotApplicable
 from debadmin.findings import finding
 from debadmin import output
@@ -174,6 +174,7 @@ def not_applicable(args: argparse.Namespace, textfile: Optional[Path], exc: Erro
     --quiet: exit status 3 says it), or with --json a document saying so."""
     if textfile:
         checks.write_metrics(textfile, [], exc.code)
+    metrics.findings([finding("no-uefi", "info", str(exc))])
     if args.json:
         emit_json(
             {
@@ -206,6 +207,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                 raise Error(f"{exc}; {failure}") from None
         raise
     status = combined_status(reports)
+    metrics.findings(f for report in reports for f in report["findings"])
+    for name, help_text, samples in checks.metric_families(reports):
+        metrics.gauge(name, help_text, samples)
     if textfile:
         # Before the report: a failure to write the metric then prints one error line only.
         checks.write_metrics(textfile, reports, status)
@@ -316,7 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --fix --dbx: also check the EFI binaries under DIR (a copy of a dump's "
         "ESP); repeatable",
     )
-    parser.set_defaults(func=dispatch)
+    # debadmin(7) metrics for runs on this machine's firmware, not a VM's NVRAM or an image.
+    parser.set_defaults(
+        func=dispatch,
+        metrics=lambda a: not (a.varstore or a.libvirt or a.root),
+        metrics_command=lambda a: "fix" if a.fix else "check",
+    )
     return parser
 
 

@@ -202,3 +202,21 @@ ct_assert_exposure() {
         fail "$release: $unit exposure $level is above $max"
     ok "$release: $unit exposure $level (at most $max, systemd $(ct systemctl --version | awk 'NR==1 {print $2}'))"
 }
+
+# ct_node_metrics FILE: node_exporter's /metrics, as the booted container's
+# prometheus-node-exporter serves it on its own 127.0.0.1:9100 (boot the container
+# with --private-network: the port stays in it), into FILE; waits for the service.
+ct_node_metrics() {
+    local url=http://127.0.0.1:9100/metrics
+    for _ in $(seq 1 60); do
+        ct python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('$url', timeout=10).read().decode())" \
+            >"$1" 2>/dev/null && return 0
+        sleep 0.5
+    done
+    fail "node_exporter serves no $url"
+}
+
+# check_debadmin_metrics FILE TOOL:COMMAND:STATUS...: debadmin(7)'s metric shape in it.
+check_debadmin_metrics() {
+    python3 "$(dirname "${BASH_SOURCE[0]}")/check-debadmin-metrics" "$@"
+}
