@@ -1602,3 +1602,154 @@ def test_watch_names_existing_interfaces_that_learn_nothing(host, caplog):
         caplog.text
     )
     assert "eth0.100 has" not in caplog.text and "eth0 has" not in caplog.text
+
+
+# --- bonds and VLANs as each manager configures them (tests/data/ipv6-ra-forward/stacks) ---
+
+
+def stack_root(tmp_path, monkeypatch, fixture, interfaces):
+    """A fixture tree of one manager's bond and VLAN configuration; the interfaces given
+    exist (with IPv6 sysctls), the rest is configured only."""
+    root = make_root(
+        tmp_path,
+        {n: (0, 0 if fixture == "networkd" else 1) for n in interfaces},
+        fixture=f"stacks/{fixture}",
+    )
+    for name in interfaces:
+        (root / "sys/class/net" / name).mkdir(parents=True)
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
+    return root
+
+
+@pytest.mark.parametrize(
+    "version,key",
+    [("252.39-1~deb12u1", "IPForward=ipv6"), ("257.9-1~deb13u1", "IPv6Forwarding=yes")],
+)
+def test_networkd_bond_and_vlan(tmp_path, monkeypatch, capsys, version, key):
+    root = stack_root(tmp_path, monkeypatch, "networkd", ["eth0", "eth1"])
+    dpkg_systemd(root, version)
+    net = root / "etc/systemd/network"
+    # The bond is not up yet: a port is sent to it, by the .network that says so.
+    assert raf.main(["enable", "eth0"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"eth0 is a port of bond bond0 (systemd-networkd: Bond=bond0 in {net}/10-eth0.network)"
+        in err
+    )
+    assert "run 'ipv6-ra-forward enable bond0' once bond0 exists" in err
+    assert raf.main(["enable", "bond0.200"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"no interface bond0.200 yet: systemd-networkd makes bond0.200 (Kind=vlan in "
+        f"{net}/30-bond0.200.netdev) but it does not exist now: 'networkctl reload' makes it"
+        in err
+    )
+    assert owners.networkd_stacked_on(root, "bond0") == ["bond0.200", "bond0.300"]
+    # Up (sysfs: eth0 in bond0, bond0.200 on it): the setting goes on the VLAN's .network.
+    root2 = stack_root(tmp_path / "up", monkeypatch, "networkd", ["eth0", "bond0", "bond0.200"])
+    dpkg_systemd(root2, version)
+    sysfs_link(root2, "bond0", "bond")
+    sysfs_link(root2, "eth0", master="bond0")
+    sysfs_link(root2, "bond0.200", "vlan", lowers=["bond0"])
+    assert raf.main(["enable", "--dry-run", "eth0"]) == 2
+    assert "run 'ipv6-ra-forward enable bond0'" in capsys.readouterr().err
+    (root2 / "etc/systemd/network/30-bond0.200.network.d").mkdir()
+    (root2 / "etc/systemd/network/30-bond0.200.network.d/nat.conf").write_text(
+        "[Network]\nIPMasquerade=both\n"
+    )
+    assert raf.main(["enable", "bond0.200"]) == 1  # networkd would drop RAs: advice
+    out = capsys.readouterr().out
+    net2 = root2 / "etc/systemd/network"
+    assert (
+        f"# bond0.200 is a vlan (Kind=vlan in {net2}/30-bond0.200.netdev): the setting "
+        "goes on bond0.200, not on its lower device.\n"
+    ) in out
+    assert f"{net2}/30-bond0.200.network" in out and key in out
+    assert raf.main(["enable", "--networkd", "bond0.200"]) == 0
+    dropin = net2 / "30-bond0.200.network.d/60-ipv6-ra-forward.conf"
+    assert f"IPv6AcceptRA=yes\n{key}\n" in dropin.read_text()
+    written = sorted(str(p.relative_to(net2)) for p in net2.rglob("*") if p.is_file())
+    assert [p for p in written if "ipv6-ra-forward" in p] == [
+        "30-bond0.200.network.d/60-ipv6-ra-forward.conf"
+    ]  # not on bond0, not on a port
+
+
+def test_ifupdown_bond_bridge_and_vlan(tmp_path, monkeypatch, capsys):
+    root = stack_root(tmp_path, monkeypatch, "ifupdown", ["eth0", "eth2", "eth4"])
+    interfaces = root / "etc/network/interfaces"
+    # bond-slaves on the bond's stanza
+    assert raf.main(["enable", "eth0"]) == 2
+    assert (
+        f"eth0 is a port of bond bond0 (ifupdown: bond-slaves eth0 eth1 ('iface bond0 "
+        f"inet') in {interfaces}); bond0 will hold"
+    ) in capsys.readouterr().err
+    # bond-master on the port's stanza, the bond a bridge's port: the bridge, in one step
+    assert raf.main(["enable", "eth2"]) == 2
+    err = capsys.readouterr().err
+    assert "eth2 is a port of bond bond1 (ifupdown: bond-master bond1 in" in err
+    assert "itself a port of bridge br0 (bridge_ports bond1 ('iface br0 inet6'))" in err
+    assert "run 'ipv6-ra-forward enable br0' once br0 exists" in err
+    assert raf.main(["enable", "vlan300"]) == 2
+    assert "ifupdown makes vlan300 ('iface vlan300 inet6' (vlan) in" in capsys.readouterr().err
+    assert raf.main(["enable", "bond0.200"]) == 2
+    assert "'ifup bond0.200' makes it" in capsys.readouterr().err
+    assert owners.ifupdown_device(root, "br0").kind == "bridge"
+    assert owners.ifupdown_device(root, "bond1").kind == "bond"
+    assert owners.ifupdown_device(root, "eth2") is None
+    # Up: the VLAN's static stanza with a gateway would write accept_ra 0 at ifup.
+    root2 = stack_root(tmp_path / "up", monkeypatch, "ifupdown", ["eth0", "bond0", "bond0.200"])
+    sysfs_link(root2, "bond0", "bond")
+    sysfs_link(root2, "eth0", master="bond0")
+    sysfs_link(root2, "bond0.200", "vlan", lowers=["bond0"])
+    assert raf.main(["enable", "bond0.200"]) == 1
+    out = capsys.readouterr().out
+    assert "# bond0.200 is a vlan ('iface bond0.200 inet6' (vlan) in" in out
+    assert "'iface bond0.200 inet6' stanza of" in out and "    accept_ra 2\n" in out
+    assert (
+        sysctl(root2, "bond0.200", "accept_ra") == 2 and sysctl(root2, "bond0", "accept_ra") == 1
+    )
+    assert sysctl(root2, "eth0", "accept_ra") == 1
+
+
+@pytest.mark.parametrize(
+    "version,how",
+    [
+        ("nm-1.42", "master=bond0, slave-type=bond"),
+        ("nm-1.52", "controller=4a9f3d4e-2b51-4c2e-9d0f-6b1f3c2a8e10, port-type=bond"),
+    ],
+)
+def test_networkmanager_bond_and_vlan(tmp_path, monkeypatch, capsys, version, how):
+    root = stack_root(tmp_path, monkeypatch, version, ["eth0", "eth1"])
+    (root / "run/NetworkManager").mkdir(parents=True)
+    conns = root / "etc/NetworkManager/system-connections"
+    assert raf.main(["enable", "eth1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"eth1 is a port of bond bond0 (NetworkManager: {how} in "
+        f"{conns}/bond0-port-eth1.nmconnection)"
+    ) in err
+    assert "run 'ipv6-ra-forward enable bond0' once bond0 exists" in err
+    assert raf.main(["enable", "bond0.200"]) == 2
+    assert (
+        "NetworkManager makes bond0.200 (connection vlan200 (type=vlan) in "
+        in capsys.readouterr().err
+    )
+    # Up: the VLAN profile (its parent named by UUID, no interface-name) is found.
+    root2 = stack_root(
+        tmp_path / "up", monkeypatch, version, ["eth0", "eth1", "bond0", "bond0.200"]
+    )
+    (root2 / "run/NetworkManager").mkdir(parents=True)
+    sysfs_link(root2, "bond0", "bond")
+    sysfs_link(root2, "bond0.200", "vlan", lowers=["bond0"])
+    owner = owners.detect(root2, "bond0.200")
+    assert (owner.name, owner.connection, owner.ipv6_method) == (
+        owners.NETWORKMANAGER,
+        "vlan200",
+        "ignore",
+    )
+    assert raf.main(["enable", "bond0.200"]) == 1
+    out = capsys.readouterr().out
+    assert "# bond0.200 is a vlan (connection vlan200 (type=vlan) in" in out
+    assert "nmcli connection modify vlan200 ipv6.method auto\n" in out
+    assert sysctl(root2, "all", "forwarding") == 0  # the profile first

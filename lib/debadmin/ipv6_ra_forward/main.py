@@ -25,6 +25,7 @@ from debadmin.ipv6_ra_forward.sysctls import (
     sysctl_path,
     validate_ifname,
 )
+from debadmin.ipv6_ra_forward import owner as owners
 from debadmin.ipv6_ra_forward.status import collect_status, ip_json
 from debadmin.ipv6_ra_forward.stack import lower_refusal, port_refusal, uppers
 from debadmin.ipv6_ra_forward.plan import (
@@ -118,11 +119,18 @@ def _require_present(
             continue
         present = sysctl_path(root, name, "accept_ra").exists()
         if missing_hint and not present and not (root / "sys/class/net" / name).exists():
+            made_by = owners.not_there_yet(root, name)
+            watcher = (
+                f'add it to UPLINKS= in /{DEFAULTS_FILE} (UPLINKS="{name}") and enable '
+                "ipv6-ra-forward.service, which sets it up when it appears"
+            )
+            if made_by:
+                raise Error(
+                    f"no interface {name} yet: {made_by}, then run enable again; or {watcher}"
+                )
             raise Error(
                 f"no interface {name}: for one that does not exist yet (a bond, VLAN or "
-                f"bridge made later), add it to UPLINKS= in /{DEFAULTS_FILE} "
-                f'(UPLINKS="{name}") and enable ipv6-ra-forward.service, which sets it up '
-                "when it appears"
+                f"bridge made later), {watcher}"
             )
         read_sysctl(root, name, "accept_ra")  # a clear error for an unknown interface
 

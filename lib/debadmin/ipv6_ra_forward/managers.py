@@ -25,7 +25,31 @@ def networkd_dropin(root: Path, owner: owners.Owner) -> Optional[Path]:
     return root / "etc/systemd/network" / f"{path.name}.d" / NETWORKD_DROPIN_NAME
 
 
+def stack_line(root: Path, ifname: str) -> str:
+    """A comment line for a bond, bridge or VLAN a manager makes: the setting goes on it,
+    not on its ports or its lower device."""
+    device = owners.configured_device(root, ifname)
+    if device is None or device.kind not in STACK_PARTS:
+        return ""
+    return (
+        f"# {ifname} is a {device.kind} ({device.how} in {device.source}): the setting goes"
+        f" on {ifname}, not on its {STACK_PARTS[device.kind]}.\n"
+    )
+
+
+STACK_PARTS = {
+    "bond": "ports",
+    "bridge": "ports",
+    "vlan": "lower device",
+    "macvlan": "lower device",
+}
+
+
 def snippet(owner: owners.Owner, ifname: str, root: Path = Path("/")) -> str:
+    return stack_line(root, ifname) + _snippet(owner, ifname, root)
+
+
+def _snippet(owner: owners.Owner, ifname: str, root: Path) -> str:
     if owner.name == owners.NETWORKD:
         version = owners.systemd_version(root)
         path = networkd_path(root, owner)

@@ -300,26 +300,31 @@ def networkmanager_active(root: Path) -> bool:
     )
 
 
-def nm_interface_name(parser: configparser.ConfigParser) -> Optional[str]:
+def nm_interface_name(
+    parser: configparser.ConfigParser, profiles: Optional[list] = None
+) -> Optional[str]:
     """The interface a keyfile is for: interface-name, or for a VLAN profile without one
     the name NetworkManager gives it (nm_utils_new_vlan_name(): PARENT.ID, the parent
-    shortened to fit 15 bytes), when its parent is an interface name."""
+    shortened to fit 15 bytes); a parent given as a profile's UUID is that profile's
+    interface (profiles: the (path, parser) pairs to look it up in)."""
     name = parser.get("connection", "interface-name", fallback=None)
     if name or parser.get("connection", "type", fallback=None) != "vlan":
         return name
     parent = parser.get("vlan", "parent", fallback="")
     vlan_id = parser.get("vlan", "id", fallback="")
-    if not parent or not vlan_id.isdigit() or len(parent) == 36 and parent.count("-") == 4:
-        return None  # no parent, or a connection's UUID: no name to compare
+    if parent and _is_uuid(parent):
+        parent = _nm_by_uuid(profiles or [], parent) or ""
+    if not parent or not vlan_id.isdigit():
+        return None  # no parent, or one no profile here names: no name to compare
     suffix = f".{int(vlan_id)}"
     return parent[: 15 - len(suffix)] + suffix
 
 
 def nm_connection_for(root: Path, ifname: str) -> Optional[Dict[str, str]]:
     """The NetworkManager keyfile bound to ifname: {'id': ..., 'path': ..., 'method': ...}."""
-    for entry in sysconf.dropin_files(root, NM_CONNECTION_DIRS, ".nmconnection"):
-        parser = _ini(_read(entry) or "")
-        if nm_interface_name(parser) == ifname:
+    profiles = _nm_profiles(root)
+    for entry, parser in profiles:
+        if nm_interface_name(parser, profiles) == ifname:
             return {
                 "id": parser.get("connection", "id", fallback=entry.name[:-13]),
                 "path": str(entry),
@@ -431,3 +436,247 @@ def detect(root: Path, ifname: str) -> Owner:
             IFUPDOWN, str(root / "etc/network/interfaces"), inet6=stanzas.get((ifname, "inet6"))
         )
     return Owner()
+
+
+# --- bonds, bridges and VLANs in the managers' configuration -----------------------------
+#
+# sysfs tells what is stacked now; the configuration tells what each manager makes at its
+# next start or reload: a bond that is not up yet, the ports it will take. Read so that a
+# port is sent to the top of its stack before the bond exists, and so that advice names
+# the file and the setting that make the device.
+
+
+@dataclass
+class Stacked:
+    """A relation a manager's configuration sets up: ifname is a port of master (Bond=,
+    bond-master, controller=), or ifname is a device the manager makes (kind bond, vlan,
+    bridge...); how is the setting as written, source the file."""
+
+    manager: str
+    kind: str
+    how: str
+    source: str
+    master: Optional[str] = None
+
+    def where(self) -> str:
+        return f"{self.manager}: {self.how} in {self.source}"
+
+
+def _ini_values(text: str, section: str, key: str) -> List[str]:
+    """Every value of a key that may repeat in a section (networkd's VLAN=, Bond=...);
+    configparser keeps only the last one."""
+    values, current = [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1].strip()
+        elif current == section and "=" in line:
+            name, _, value = line.partition("=")
+            if name.strip() == key:
+                values.append(value.strip())
+    return values
+
+
+NETWORKD_MASTER_KEYS = (("Bond", "bond"), ("Bridge", "bridge"))
+NETWORKD_STACKED_KEYS = ("VLAN", "MACVLAN", "IPVLAN", "MACVTAP")
+
+
+def _networkd_network_texts(root: Path, path: Path) -> List[Tuple[Path, str]]:
+    dropin_dirs = [f"{base}/{path.name}.d" for base in NETWORKD_DIRS]
+    return [(f, _read(f) or "") for f in [path, *sysconf.dropin_files(root, dropin_dirs, ".conf")]]
+
+
+def networkd_master(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond or bridge ifname's .network (or its drop-ins) puts it in: Bond=, Bridge=."""
+    path = networkd_file_for(root, ifname)
+    if path is None:
+        return None
+    found = None
+    for file, text in _networkd_network_texts(root, path):
+        for key, kind in NETWORKD_MASTER_KEYS:
+            for value in _ini_values(text, "Network", key):
+                # The last assignment wins; an empty one resets.
+                found = (
+                    Stacked(NETWORKD, kind, f"{key}={value}", str(file), value) if value else None
+                )
+    return found
+
+
+def networkd_netdev(root: Path, ifname: str) -> Optional[Stacked]:
+    """The .netdev that makes ifname ([NetDev] Name=ifname), with its Kind=."""
+    for path in sysconf.dropin_files(root, NETWORKD_DIRS, ".netdev"):
+        text = _read(path) or ""
+        names = _ini_values(text, "NetDev", "Name")
+        if names and names[-1] == ifname:
+            kinds = _ini_values(text, "NetDev", "Kind")
+            kind = kinds[-1] if kinds else "?"
+            return Stacked(NETWORKD, kind, f"Kind={kind}", str(path))
+    return None
+
+
+def networkd_stacked_on(root: Path, ifname: str) -> List[str]:
+    """The devices ifname's .network puts on it (VLAN=, MACVLAN=...)."""
+    path = networkd_file_for(root, ifname)
+    if path is None:
+        return []
+    names: List[str] = []
+    for _, text in _networkd_network_texts(root, path):
+        for key in NETWORKD_STACKED_KEYS:
+            names += [v for v in _ini_values(text, "Network", key) if v and v not in names]
+    return names
+
+
+# ifenslave's and bridge-utils' options (interfaces(5) of ifenslave and bridge-utils-interfaces(5));
+# ifupdown2 spells them with '-' where bridge-utils has '_'.
+IFUPDOWN_PORT_LISTS = (
+    ("bond-slaves", "bond"),
+    ("bridge_ports", "bridge"),
+    ("bridge-ports", "bridge"),
+)
+
+
+def _ifupdown_vlan_name(ifname: str, options: Dict[str, str]) -> bool:
+    """The vlan package's names: vlan-raw-device, or RAW.ID / vlanID (if-pre-up.d/vlan)."""
+    if "vlan-raw-device" in options or "vlan_raw_device" in options:
+        return True
+    raw, dot, vid = ifname.rpartition(".")
+    return bool(dot and raw and vid.isdigit())
+
+
+def ifupdown_master(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond or bridge ifupdown puts ifname in: bond-master on its stanza, or its name
+    in a bond's bond-slaves or a bridge's bridge_ports."""
+    source = str(root / "etc/network/interfaces")
+    stanzas = ifupdown_stanzas(root)
+    for (name, _), options in stanzas.items():
+        if name == ifname and options.get("bond-master"):
+            master = options["bond-master"].split()[0]
+            return Stacked(IFUPDOWN, "bond", f"bond-master {master}", source, master)
+    for (name, family), options in stanzas.items():
+        for key, kind in IFUPDOWN_PORT_LISTS:
+            if ifname in (options.get(key) or "").split():
+                how = f"{key} {options[key]} ('iface {name} {family}')"
+                return Stacked(IFUPDOWN, kind, how, source, name)
+    return None
+
+
+def ifupdown_device(root: Path, ifname: str) -> Optional[Stacked]:
+    """What kind of device an ifupdown stanza of ifname makes: bond, bridge, vlan."""
+    source = str(root / "etc/network/interfaces")
+    for (name, family), options in ifupdown_stanzas(root).items():
+        if name != ifname:
+            continue
+        for key in ("bond-slaves", "bond-mode", "bond_mode"):
+            if key in options:
+                return Stacked(IFUPDOWN, "bond", f"'iface {name} {family}' with {key}", source)
+        for key in ("bridge_ports", "bridge-ports"):
+            if key in options:
+                return Stacked(IFUPDOWN, "bridge", f"'iface {name} {family}' with {key}", source)
+        if _ifupdown_vlan_name(ifname, options):
+            return Stacked(IFUPDOWN, "vlan", f"'iface {name} {family}' (vlan)", source)
+    return None
+
+
+def _nm_profiles(root: Path) -> List[Tuple[Path, configparser.ConfigParser]]:
+    return [
+        (entry, _ini(_read(entry) or ""))
+        for entry in sysconf.dropin_files(root, NM_CONNECTION_DIRS, ".nmconnection")
+    ]
+
+
+def _nm_by_uuid(profiles, uuid: str) -> Optional[str]:
+    """The interface name of the profile with this UUID (a controller or a VLAN parent
+    may be named by its profile's UUID rather than by an interface name)."""
+    for _, parser in profiles:
+        if parser.get("connection", "uuid", fallback="").lower() == uuid.lower():
+            return parser.get("connection", "interface-name", fallback=None)
+    return None
+
+
+def _is_uuid(value: str) -> bool:
+    return len(value) == 36 and value.count("-") == 4
+
+
+def nm_master(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond or bridge a NetworkManager port profile puts ifname in: controller= and
+    port-type= (1.46 and later, trixie's 1.52), or master= and slave-type= (bookworm's
+    1.42); the controller named by interface or by its profile's UUID."""
+    profiles = _nm_profiles(root)
+    for entry, parser in profiles:
+        if nm_interface_name(parser, profiles) != ifname:
+            continue
+        for key, type_key in (("controller", "port-type"), ("master", "slave-type")):
+            master = parser.get("connection", key, fallback="").strip()
+            if not master:
+                continue
+            kind = parser.get("connection", type_key, fallback="").strip() or "controller"
+            name = _nm_by_uuid(profiles, master) if _is_uuid(master) else master
+            how = f"{key}={master}, {type_key}={kind}"
+            return Stacked(NETWORKMANAGER, kind, how, str(entry), name or master)
+    return None
+
+
+def nm_device(root: Path, ifname: str) -> Optional[Stacked]:
+    """The NetworkManager profile that makes ifname (type bond, bridge, vlan...)."""
+    profiles = _nm_profiles(root)
+    for entry, parser in profiles:
+        kind = parser.get("connection", "type", fallback="")
+        if (
+            kind in ("bond", "bridge", "vlan", "macvlan")
+            and nm_interface_name(parser, profiles) == ifname
+        ):
+            conn = parser.get("connection", "id", fallback=entry.name[:-13])
+            return Stacked(NETWORKMANAGER, kind, f"connection {conn} (type={kind})", str(entry))
+    return None
+
+
+def _managers(root: Path) -> List[str]:
+    """The managers whose configuration counts here, in detect()'s order."""
+    found = []
+    if networkd_active(root):
+        found.append(NETWORKD)
+    if networkmanager_active(root):
+        found.append(NETWORKMANAGER)
+    if (root / "etc/network/interfaces").exists():
+        found.append(IFUPDOWN)
+    return found
+
+
+def configured_master(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond or bridge a manager's configuration makes ifname a port of, if any."""
+    readers = {NETWORKD: networkd_master, NETWORKMANAGER: nm_master, IFUPDOWN: ifupdown_master}
+    for manager in _managers(root):
+        found = readers[manager](root, ifname)
+        if found is not None:
+            return found
+    return None
+
+
+def configured_device(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond, bridge or VLAN a manager's configuration makes under the name ifname."""
+    readers = {NETWORKD: networkd_netdev, NETWORKMANAGER: nm_device, IFUPDOWN: ifupdown_device}
+    for manager in _managers(root):
+        found = readers[manager](root, ifname)
+        if found is not None:
+            return found
+    return None
+
+
+BRING_UP = {
+    NETWORKD: "'networkctl reload' makes it",
+    NETWORKMANAGER: "'nmcli connection up' of its profile makes it",
+    IFUPDOWN: "'ifup {name}' makes it",
+}
+
+
+def not_there_yet(root: Path, ifname: str) -> Optional[str]:
+    """For an interface that does not exist: which manager would make it, and how."""
+    device = configured_device(root, ifname)
+    if device is None:
+        return None
+    return (
+        f"{device.manager} makes {ifname} ({device.how} in {device.source}) but it does "
+        f"not exist now: {BRING_UP[device.manager].format(name=ifname)}"
+    )

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from debadmin import fsutil
+from debadmin.ipv6_ra_forward import owner as owners
 from debadmin.ipv6_ra_forward.status import ra_addresses, ra_routes
 
 
@@ -58,18 +59,51 @@ def uppers(root: Path, ifname: str) -> List[str]:
     return sorted(e[len("upper_") :] for e in entries if e.startswith("upper_"))
 
 
+def configured_masters(root: Path, ifname: str) -> List[owners.Stacked]:
+    """The chain of bonds and bridges the managers' configuration puts ifname in, nearest
+    first, for a port whose master is not up (sysfs knows nothing of it yet)."""
+    chain: List[owners.Stacked] = []
+    name = ifname
+    while len(chain) < 8:
+        found = owners.configured_master(root, name)
+        if (
+            found is None
+            or not found.master
+            or found.master in (ifname, *(c.master for c in chain))
+        ):
+            break
+        chain.append(found)
+        name = found.master
+    return chain
+
+
 def port_refusal(root: Path, ifname: str) -> Optional[str]:
     """Why ifname cannot be an uplink (a port of a bridge or bond), or None. The interface
-    to use is the top of the stack, named in one step: br0 for a port of bond0 in br0."""
+    to use is the top of the stack, named in one step: br0 for a port of bond0 in br0.
+    From sysfs, or where the master is not up, from the managers' configuration (Bond=,
+    bond-master, controller=...), naming the setting."""
     chain = masters(root, ifname)
-    if not chain:
+    if chain:
+        # Above the top sysfs knows, a manager may put it in a bridge not up yet.
+        chain += [(c.kind, c.master or "") for c in configured_masters(root, chain[-1][1])]
+        kind, name = chain[0]
+        via = "".join(f", itself a port of {k} {n}" for k, n in chain[1:])
+        top = chain[-1][1]
+        return (
+            f"{ifname} is a port of {kind} {name}{via}; {top} holds the address and the "
+            f"default route: forwarding would drop {top}'s route; run 'ipv6-ra-forward "
+            f"enable {top}'"
+        )
+    configured = configured_masters(root, ifname)
+    if not configured:
         return None
-    kind, name = chain[0]
-    via = "".join(f", itself a port of {k} {n}" for k, n in chain[1:])
-    top = chain[-1][1]
+    first = configured[0]
+    via = "".join(f", itself a port of {c.kind} {c.master} ({c.how})" for c in configured[1:])
+    top = configured[-1].master
     return (
-        f"{ifname} is a port of {kind} {name}{via}; {top} holds the address and the default "
-        f"route: forwarding would drop {top}'s route; run 'ipv6-ra-forward enable {top}'"
+        f"{ifname} is a port of {first.kind} {first.master} ({first.where()}){via}; "
+        f"{top} will hold the address and the default route, not {ifname}: run "
+        f"'ipv6-ra-forward enable {top}' once {top} exists"
     )
 
 
