@@ -1653,7 +1653,10 @@ def test_networkd_bond_and_vlan(tmp_path, monkeypatch, capsys, version, key):
     sysfs_link(root2, "eth0", master="bond0")
     sysfs_link(root2, "bond0.200", "vlan", lowers=["bond0"])
     assert raf.main(["enable", "--dry-run", "eth0"]) == 2
-    assert "run 'ipv6-ra-forward enable bond0'" in capsys.readouterr().err
+    assert (
+        "run 'ipv6-ra-forward enable bond0' (or 'ipv6-ra-forward enable bond0.200' for the "
+        "network of the VLAN on it)" in capsys.readouterr().err
+    )
     (root2 / "etc/systemd/network/30-bond0.200.network.d").mkdir()
     (root2 / "etc/systemd/network/30-bond0.200.network.d/nat.conf").write_text(
         "[Network]\nIPMasquerade=both\n"

@@ -89,10 +89,18 @@ def port_refusal(root: Path, ifname: str) -> Optional[str]:
         kind, name = chain[0]
         via = "".join(f", itself a port of {k} {n}" for k, n in chain[1:])
         top = chain[-1][1]
+        # A VLAN or macvlan on the top learns on its own network: named too.
+        on_top = [u for u in uppers(root, top) if devtype(root, u) in ("vlan", "macvlan")]
+        also = (
+            f" (or 'ipv6-ra-forward enable {' '.join(on_top)}' for the network of the "
+            f"{'VLANs' if len(on_top) > 1 else 'VLAN'} on it)"
+            if on_top
+            else ""
+        )
         return (
             f"{ifname} is a port of {kind} {name}{via}; {top} holds the address and the "
             f"default route: forwarding would drop {top}'s route; run 'ipv6-ra-forward "
-            f"enable {top}'"
+            f"enable {top}'{also}"
         )
     configured = configured_masters(root, ifname)
     if not configured:
