@@ -1211,13 +1211,21 @@ def test_refused_grant_is_listed_and_the_rest_granted(tmp_path, capsys, monkeypa
 @needs_root
 def test_revert_restores_the_admins_mask_exactly(tmp_path, capsys):
     root = make_image(tmp_path)
-    machine = root / "var/log/journal" / MACHINE_ID
+    journal = root / "var/log/journal"
+    machine = journal / MACHINE_ID
     machine.mkdir(parents=True)
+    os.chmod(journal, 0o755)
+    os.chmod(machine, 0o755)
     masked = machine / "masked.journal"
     masked.write_text("x")
     os.chmod(masked, 0o640)
     subprocess.run(["setfacl", "-m", "u:77:r--,m::---", str(masked)], check=True)
+    active = machine / "system.journal"
+    active.write_text("x")
+    os.chmod(active, 0o600)
     before = getfacl(masked)
+    # a hand-made journal: root:root 0755, the active file 0600, no ACL anywhere
+    made = {p: (os.stat(p), getfacl(p)) for p in (journal, machine, active)}
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
     assert getfacl(masked)["mask"] == "r--"
     # a file "journald" creates after apply inherits staff
@@ -1235,7 +1243,21 @@ def test_revert_restores_the_admins_mask_exactly(tmp_path, capsys):
         "mask": "r--",
         "other": "---",
     }
-    assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()
+    # The journal's setup (owner, mode, systemd-tmpfiles' ACLs) stays, as adm's entries
+    # do; its record stays for revert --adm, which gives the hand-made journal back.
+    state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755
+    assert state.exists()
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm")
+    assert (rc, err) == (0, ""), out
+    for path, (st, acl) in made.items():
+        now = os.stat(path)
+        assert (now.st_uid, now.st_gid, now.st_mode) == (st.st_uid, st.st_gid, st.st_mode), path
+        assert getfacl(path) == acl, path
+    assert getfacl(masked) == before
+    # made after apply: loses what apply's defaults (systemd-tmpfiles' adm included) gave
+    assert getfacl(machine / "system@2.journal") == {"user": "rw-", "group": "r--", "other": "---"}
+    assert not state.exists()
 
 
 @needs_root
@@ -1246,3 +1268,31 @@ def test_no_op_apply_does_not_flush(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(jas, "run_commands", lambda: pytest.fail("journalctl run"))
     rc, out, _ = run_tool(capsys, "apply", "--root", str(root))
     assert rc == 0 and out == "nothing to change: the journal is already set up\n"
+
+
+@needs_acl_tools
+@needs_root
+def test_a_hand_made_journal_is_recorded_before_its_setup_changes(tmp_path, capsys, monkeypatch):
+    """apply stopped right after it set the journal directory's owner and mode (before
+    systemd-tmpfiles): the record was on disk first, and revert --adm gives it back."""
+    root = make_image(tmp_path)
+    journal = root / "var/log/journal"
+    journal.mkdir(parents=True)
+    os.chmod(journal, 0o750)
+    made = os.stat(journal)
+
+    def killed(*args):
+        raise jas.Error("killed")
+
+    monkeypatch.setattr(jas, "tmpfiles", killed)
+    assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 2
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755
+    monkeypatch.undo()
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm", "-n")
+    assert rc == 0 and "would restore" in out, (out, err)
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755  # -n changed nothing
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm")
+    assert (rc, err) == (0, ""), out
+    now = os.stat(journal)
+    assert (now.st_uid, now.st_gid, now.st_mode) == (made.st_uid, made.st_gid, made.st_mode)
+    assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()

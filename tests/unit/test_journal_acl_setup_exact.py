@@ -29,9 +29,7 @@ pytestmark = [
     pytest.mark.skipif(
         not (shutil.which("getfacl") and shutil.which("setfacl")), reason="acl not installed"
     ),
-    pytest.mark.skipif(
-        not shutil.which("systemd-tmpfiles"), reason="apply runs systemd-tmpfiles"
-    ),
+    pytest.mark.skipif(not shutil.which("systemd-tmpfiles"), reason="apply runs systemd-tmpfiles"),
 ]
 
 
@@ -143,7 +141,9 @@ def test_two_groups_in_either_order_end_exact(tmp_path, capsys, order):
     assert not {(W.GROUP, 5050), (W.GROUP, 5060)} & set(new)
     os.unlink(machine / "system@2.journal")
     assert tree(root) == before
-    with contextlib.closing(sqlite3.connect(state)) as db:  # adm's (the image's first apply) is left
+    with contextlib.closing(
+        sqlite3.connect(state)
+    ) as db:  # adm's (the image's first apply) is left
         assert db.execute("SELECT name FROM applied").fetchall() == [("adm",)]
 
 
@@ -198,6 +198,8 @@ def test_a_file_revert_cannot_reach_keeps_its_record(tmp_path, capsys):
     os.link(linked, tmp_path / "elsewhere")
     rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 1 and "not restored" in out and "hard links" in out
+    # the group stays applied, and revert says so rather than "done: forget staff"
+    assert "done: forget" not in out and "kept staff applied in " in out, out
     state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
     with contextlib.closing(sqlite3.connect(state)) as db:
         assert db.execute("SELECT count(*) FROM acl WHERE gids != ''").fetchone()[0] == 1

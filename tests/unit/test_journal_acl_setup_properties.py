@@ -152,8 +152,16 @@ def nodes(draw):
         bits = 0 if ROOT else (7 if is_dir else 6)
         access = draw(acls(owner_bits=bits))
         default = draw(st.one_of(st.none(), acls(owner_bits=bits))) if is_dir else None
-        out.append((path, is_dir, draw(st.sampled_from(OWNERS)), draw(st.sampled_from(GIDS)),
-                    access, default))
+        out.append(
+            (
+                path,
+                is_dir,
+                draw(st.sampled_from(OWNERS)),
+                draw(st.sampled_from(GIDS)),
+                access,
+                default,
+            )
+        )
         if is_dir:
             dirs.append(path)
     return out
@@ -226,7 +234,9 @@ def getfacl(journal):
 def image(base):
     root = base / "root"
     (root / "etc").mkdir(parents=True)
-    (root / "etc/group").write_text("root:x:0:\nadm:x:4:\nstaff:x:5050:\nops:x:5060:\nsec:x:5070:\n")
+    (root / "etc/group").write_text(
+        "root:x:0:\nadm:x:4:\nstaff:x:5050:\nops:x:5060:\nsec:x:5070:\n"
+    )
     (root / "etc/passwd").write_text(
         f"root:x:0:0::/root:/bin/sh\nsystemd-journal-remote:x:{JOURNAL_USER}:1::/:/bin/false\n"
     )
@@ -246,8 +256,13 @@ def apply_group(root, journal, gid):
         store.set_applied({**previous, name: gid})
         store.commit()
         _, refused = jas.grant_tree(
-            journal, {name: gid}, jas.journal_uids(root), store, lambda text: None,
-            first=first, previous=set(previous.values()),
+            journal,
+            {name: gid},
+            jas.journal_uids(root),
+            store,
+            lambda text: None,
+            first=first,
+            previous=set(previous.values()),
         )
     finally:
         store.close()

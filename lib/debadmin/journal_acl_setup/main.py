@@ -1018,6 +1018,16 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
     codes = state.codes()
     if "journal-missing" in codes:
         steps.append((f"create {journal}", lambda: make_dirs(journal)))
+    setup = state.exists and bool(codes & {"journal-ownership"})
+    if setup:
+        where = root / acl_state().STATE_DIR / acl_state().STATE_FILE
+        steps.append(
+            (
+                f"record the owner, group, mode and ACLs of {journal}, its machine "
+                f"directories and their system.journal in {where}",
+                lambda: record_setup(root, journal, after=False),
+            )
+        )
     if codes & {"journal-missing", "journal-ownership"}:
         jgid = journal_gid(root)
         steps.append(
@@ -1028,6 +1038,13 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
         )
         steps.append(
             ("run systemd-tmpfiles --create --prefix=/var/log/journal", lambda: tmpfiles(root))
+        )
+    if setup:
+        steps.append(
+            (
+                "record what they hold now (revert --adm gives them back where they still do)",
+                lambda: record_setup(root, journal, after=True),
+            )
         )
     fresh = [n for n in state.groups if n != STOCK_GROUP and n not in applied_groups(root)]
     if codes & {"journal-missing", "unreadable", "no-default-acl"} or (fresh and state.exists):
@@ -1066,6 +1083,22 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
             )
         )
     return steps
+
+
+def record_setup(root: Path, journal: Path, after: bool) -> None:
+    """Record what the journal directory, its machine directories and their active
+    files hold, before apply's setup steps (committed before the first) or after."""
+    from debadmin.journal_acl_setup import ownership
+
+    fd = open_journal(journal)
+    if fd is None:
+        raise Error(f"{journal} does not exist")
+    store = acl_state().Store(root, create=True)
+    try:
+        ownership.record(fd, str(journal), store, after)
+    finally:
+        store.close()
+        os.close(fd)
 
 
 def applied_groups(root: Path) -> Dict[str, int]:
@@ -1272,12 +1305,13 @@ def revert_names(args: argparse.Namespace, root: Path) -> List[str]:
     """The groups a revert is about: -g, --all (every group granted but adm), else the
     configured ones."""
     if not args.all:
-        return wanted_groups(args, root)
+        names = wanted_groups(args, root)
+        return names + [STOCK_GROUP] if args.adm and STOCK_GROUP not in names else names
     if args.group:
         raise Error("--all and --group exclude each other")
     names = list(read_tmpfiles_dropin(root) or {})
     names += [n for n in configured_groups(root) if n not in names]
-    return [n for n in names if n != STOCK_GROUP]
+    return [n for n in names if n != STOCK_GROUP] + ([STOCK_GROUP] if args.adm else [])
 
 
 def cmd_revert(args: argparse.Namespace) -> int:
@@ -1309,8 +1343,10 @@ class Reverting:
         store: Any,
         strip: bool,
         also: Optional[Set[int]] = None,
+        setup: bool = False,
     ) -> None:
         self.journal, self.gone, self.store, self.strip = journal, gone, store, strip
+        self.setup = setup  # revert --adm: the journal's setup given back too
         self.also = also or set()  # gids reverted besides gone's (renumbered groups)
         self.uids = journal_uids(root)
         self.problems: List[Tuple[Optional[str], str]] = []
@@ -1332,6 +1368,8 @@ class Reverting:
                 self.store,
                 dry_run,
                 self.strip,
+                setup=self.setup,
+                stock={g for n, g in self.gone.items() if n == STOCK_GROUP},
             )
         finally:
             os.close(fd)
@@ -1394,23 +1432,26 @@ def _store_steps(
 ) -> List[Step]:
     """Forgetting the reverted groups in the state database (removing it when none is
     left), once the tree is done: a group with a record left stays, for a later revert."""
-    if store.db is None or not any(n in applied for n in reverted):
+    setup = tree is not None and tree.setup
+    if store.db is None or not (setup or any(n in applied for n in reverted)):
         return []
     writable(store.path.parent)
+    names = ", ".join(n for n in reverted if n in applied) or STOCK_GROUP
 
-    def finish() -> None:
+    def finish() -> Optional[str]:
         if tree is not None and tree.problems and not tree.strip:
-            return  # records left: every group stays applied, the next revert finishes
-        if remaining:
+            # records left: every group stays applied, the next revert finishes
+            return f"kept {names} applied in {store.path}: not everything was restored"
+        if remaining or store.setup_keys():
+            # The journal's setup, recorded at apply, stays for revert --adm.
             forget_applied(store, remaining)
         else:
             store.remove()
+        return None
 
     if not remaining:
         return [(f"remove {store.path} (once nothing is left to restore)", finish)]
-    return [
-        (f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}", finish)
-    ]
+    return [(f"forget {', '.join(n for n in reverted if n in applied)} in {store.path}", finish)]
 
 
 def _configuration_steps(root: Path, groups: Dict[str, Optional[int]]) -> List[Step]:
@@ -1443,8 +1484,8 @@ def _run_steps(
         if args.dry_run:
             say(f"would {text}")
         else:
-            action()
-            say(f"done: {text}")
+            result = action()
+            say(result if isinstance(result, str) else f"done: {text}")
     problems = tree.problems if tree is not None else []
     for _path, message in problems:
         print(f"not restored: {message}")
@@ -1487,10 +1528,18 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
     # adm what a stock system gives it.  An applied group is reverted by the gid
     # recorded at apply (deleted or renumbered since); without a record only its
     # drop-in lines are left.
+    adm = getattr(args, "adm", False)
+    if adm and not store.usable:
+        raise Error(
+            f"{store.path} is missing or empty: without apply's record nothing of adm or "
+            "of the journal's setup can be given back; nothing changed"
+        )
+    if adm and getattr(args, "strip", False):
+        raise Error("--adm and --strip exclude each other")
     reverted = {
         name: applied[name] if name in applied else gid
         for name, gid in groups.items()
-        if name != STOCK_GROUP and (gid is not None or name in applied)
+        if (name != STOCK_GROUP or adm) and (gid is not None or name in applied)
     }
     remaining = {n: g for n, g in applied.items() if n not in reverted}
     strip = getattr(args, "strip", False)
@@ -1500,10 +1549,10 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
         gone = reverted
     else:
         # Only what apply recorded is restored; without a database nothing can be.
-        gone = {n: g for n, g in reverted.items() if n in applied}
+        gone = {n: g for n, g in reverted.items() if n in applied or adm and n == STOCK_GROUP}
         if not store.usable:
             refuse_without_state(store, journal, reverted, root)
-    tree = Reverting(journal, gone, root, store, strip, also) if gone else None
+    tree = Reverting(journal, gone, root, store, strip, also, setup=adm) if gone else None
     if tree is not None:
         steps += tree.steps()
     steps += _store_steps(store, applied, reverted, remaining, tree)
@@ -1599,6 +1648,12 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="without apply's record: remove the groups' ACL entries and narrow "
                 "the masks, restoring nothing",
+            )
+            p.add_argument(
+                "--adm",
+                action="store_true",
+                help="adm too, and the journal directory's owner, group, mode and what "
+                "systemd-tmpfiles changed, as apply found them",
             )
         if name != "check":
             p.add_argument(

@@ -82,22 +82,48 @@ def revoke(
     store: Any,
     dry_run: bool,
     strip: bool = False,
+    setup: bool = False,
+    stock: Set[int] = frozenset(),
 ) -> Outcome:
     """Revert the groups gone under the directory open as journal_fd (the caller
-    closes it).  See the module's docstring."""
+    closes it).  See the module's docstring.  setup: also give back what apply's setup
+    steps changed (ownership.py), where it is still what they left.  stock: gids of
+    gone whose entries on the journal directory are systemd's own unless recorded
+    (adm): not taken from files below it that apply did not record."""
     outcome = Outcome()
     skips = walker.Skips()
-    from_apply: Dict[str, Set[int]] = {}  # directory -> gids its default ACL has from apply
+    # directory -> gids its default ACL has from apply; the journal's parent: every
+    # group gone but systemd's own.
+    from_apply: Dict[str, Set[int]] = {journal.rpartition("/")[0]: set(gone) - set(stock)}
     state = None if strip else store
+    setups = state.setup_keys() if setup and state is not None else set()
     if state is not None and state.db is not None and not dry_run:
         state.begin()
     for node in walker.walk(journal_fd, journal, uids, skips):
         parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
         try:
-            if _node(node, gone, state, parent, from_apply, outcome, dry_run):
+            key = None
+            if setups:
+                from debadmin.journal_acl_setup import state as acl_state
+
+                key = (node.st.st_ino, acl_state.generation(node.fd))
+            if key in setups:
+                if _setup_node(node, key, gone, state, parent, from_apply, outcome, dry_run):
+                    outcome.touched += 1
+            elif _node(node, gone, state, parent, from_apply, outcome, dry_run):
                 outcome.touched += 1
         except walker.AclError as exc:
             outcome.problems.append((node.path, f"{exc} (its record is kept)"))
+    unmet_setup = setups - outcome.met
+    if unmet_setup:
+        outcome.problems.append(
+            (
+                None,
+                f"{len(unmet_setup)} of the journal's directories or active files whose "
+                f"owner, mode or ACLs apply set up were not found under {walker.shown(journal)}"
+                ": their records are kept for a later revert",
+            )
+        )
     if state is not None and state.db is not None:
         if not dry_run:
             state.commit()
@@ -165,6 +191,52 @@ def _node(
             store.forget(*key)
         return changed
     return _restore(node, key, record, made, gone, store, dry_run)
+
+
+def _setup_node(
+    node: walker.Node,
+    key: Tuple[int, int],
+    gone: Set[int],
+    store: Any,
+    parent: Set[int],
+    from_apply: Dict[str, Set[int]],
+    outcome: Outcome,
+    dry_run: bool,
+) -> bool:
+    """An inode whose owner, mode or ACLs apply's setup steps changed (ownership.py):
+    first what apply granted it afterwards, as any inode; then, where it holds what the
+    setup steps left, what it held before them; else it is left as it is, a problem, its
+    record kept."""
+    from debadmin.journal_acl_setup import ownership
+
+    before = store.setup_lookup(*key)
+    default_before = walker.parse(before[4]) if node.is_dir else None
+    record = store.lookup(*key)
+    if record is not None:
+        _node(node, gone, store, parent, from_apply, outcome, dry_run)
+    if node.is_dir:
+        # What its default ACL held of gone after the setup steps and not before came
+        # from them (systemd-tmpfiles' lines for adm): files made since lose it too.
+        held = walker.parse(record[3]) if record is not None else node.acls()[1]
+        from_apply[node.path] = from_apply.get(node.path, set()) | (
+            gone & walker.named_gids(held) - walker.named_gids(default_before)
+        )
+    outcome.met.add(key)
+    if dry_run:
+        return True
+    after = before[5]
+    if after is not None and ownership.current(node) != after:
+        outcome.problems.append(
+            (
+                node.path,
+                f"{walker.shown(node.path)} was changed since apply set up its owner, mode "
+                "and ACLs: left as it is (its record is kept)",
+            )
+        )
+        return False
+    ownership.give_back(node, before)
+    store.forget_setup(*key)
+    return True
 
 
 def _set(
