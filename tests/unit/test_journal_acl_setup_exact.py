@@ -10,8 +10,10 @@ import subprocess
 import pytest
 
 from debadmin.journal_acl_setup import main as jas
+from debadmin.journal_acl_setup import journaldir as jdir
+from debadmin.journal_acl_setup import walk as jwalk
 
-W = jas.walker
+W = jwalk
 MACHINE_ID = "0123456789abcdef0123456789abcdef"
 GROUPS = (
     "root:x:0:\nadm:x:4:\nsystemd-journal:x:1999:\nstaff:x:5050:\nops:x:5060:\nusers:x:5100:\n"
@@ -158,12 +160,12 @@ def test_revert_without_a_state_file_refuses(tmp_path, capsys, how):
     if how == "empty":
         state.write_bytes(b"")
     granted = tree(root)
-    config = (root / jas.DEFAULTS_FILE).read_text()
+    config = (root / jdir.DEFAULTS_FILE).read_text()
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 2 and out == ""
     assert f"{state} is {'missing' if how == 'deleted' else 'empty'}" in err
     assert "--strip" in err and "nothing changed" in err
-    assert tree(root) == granted and (root / jas.DEFAULTS_FILE).read_text() == config
+    assert tree(root) == granted and (root / jdir.DEFAULTS_FILE).read_text() == config
     assert state.exists() == (how == "empty")
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff", "--strip")
     assert rc == 0, (out, err)
@@ -176,7 +178,7 @@ def test_unknown_group_blocks_nothing_and_quiet_keeps_the_warning(tmp_path, caps
     os.chmod(machine / "system@1.journal", 0o600)
     before = tree(root)
     assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
-    (root / jas.DEFAULTS_FILE).write_text('JOURNAL_ACL_GROUPS="adm staff nosuch"\n')
+    (root / jdir.DEFAULTS_FILE).write_text('JOURNAL_ACL_GROUPS="adm staff nosuch"\n')
     rc, out, err = run(capsys, "revert", "--root", str(root), "--all", "-q")
     assert rc == 0 and out == ""
     assert err == (

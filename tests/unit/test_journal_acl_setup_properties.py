@@ -29,10 +29,13 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from debadmin.journal_acl_setup import main as jas  # noqa: E402
+from debadmin.journal_acl_setup import grant as jgrant  # noqa: E402
+from debadmin.journal_acl_setup import journaldir as jdir  # noqa: E402
+from debadmin.journal_acl_setup import revert_steps as jrevert  # noqa: E402
+from debadmin.journal_acl_setup import walk as jwalk  # noqa: E402
 from debadmin.journal_acl_setup import state as acl_state  # noqa: E402
 
-W = jas.walker
+W = jwalk
 U = W.UNDEFINED
 USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = (
     W.USER_OBJ,
@@ -255,10 +258,10 @@ def apply_group(root, journal, gid):
         store.begin()
         store.set_applied({**previous, name: gid})
         store.commit()
-        _, refused = jas.grant_tree(
+        _, refused = jgrant.grant_tree(
             journal,
             {name: gid},
-            jas.journal_uids(root),
+            jdir.journal_uids(root),
             store,
             lambda text: None,
             first=first,
@@ -275,12 +278,12 @@ def revert_group(root, journal, gid):
     try:
         assert store.usable
         applied = store.applied()
-        tree = jas.Reverting(journal, {f"g{gid}": gid}, root, store, strip=False)
+        tree = jrevert.Reverting(journal, {f"g{gid}": gid}, root, store, strip=False)
         tree.walk(dry_run=False)
         assert tree.problems == []
         remaining = {n: g for n, g in applied.items() if g != gid}
         if remaining:
-            jas.forget_applied(store, remaining)
+            jrevert.forget_applied(store, remaining)
         else:
             store.remove()
     finally:

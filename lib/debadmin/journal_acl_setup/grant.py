@@ -1,0 +1,153 @@
+"""journal-acl-setup: the grant: every group given read access and default ACLs under the journal, each
+inode recorded in the state before its change."""
+
+from __future__ import annotations  # annotations stay text: typing is never imported
+
+import os
+from pathlib import Path
+
+from debadmin.errors import Error
+from debadmin.journal_acl_setup import walk as walker
+from debadmin.journal_acl_setup.dropin import read_tmpfiles_dropin
+from debadmin.journal_acl_setup.groups import STOCK_GROUP
+from debadmin.journal_acl_setup.journaldir import acl_state, open_journal
+from debadmin.journal_acl_setup.messages import log
+from debadmin.journal_acl_setup.scan import State
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Set, Tuple
+
+
+def grant_tree(
+    journal: Path,
+    groups: Dict[str, int],
+    uids: Set[int],
+    store: Any,
+    say: Callable[[str], None],
+    first: Set[int] = frozenset(),
+    previous: Set[int] = frozenset(),
+) -> Tuple[walker.Skips, List[Tuple[str, str]]]:
+    """Give every group read access and a default ACL, on each descriptor under journal.
+
+    Only what is missing is added (a named entry, the mask widened by the bits it needs,
+    no other entry gaining a right through it: walker.granted).  Two walks: the first
+    records in store what every inode to be changed holds now and commits it, the
+    second changes them (an inode that appeared in between is recorded and committed on
+    its own before it is changed).  Also recorded: an inode that holds entries of a
+    group applied for the first time (first), unchanged (so that revert keeps them), and
+    of an inode without a record, the groups applied before (previous) whose entries
+    it holds (inherited from apply's default ACLs: revert of them takes them off).  A
+    directory or file that refuses its ACL (a full extended-attribute block: ENOSPC;
+    EPERM; EROFS) is listed with the reason and the walk goes on.  Returns what the
+    walk skipped and what was refused.
+    """
+    gids = set(groups.values())
+    generation = acl_state().generation
+
+    def changes(node: walker.Node):
+        access, default = node.acls()
+        new_access, new_default = walker.grant_all(
+            access, default, node.st.st_gid, gids, node.is_dir
+        )
+        holds = walker.named_gids(access) | walker.named_gids(default)
+        return (
+            new_access if new_access != access else None,
+            new_default if new_default != default else None,
+            holds,
+        )
+
+    refused: List[Tuple[str, str]] = []
+    skips = walker.Skips()
+    for recording in (True, False):
+        fd = open_journal(journal)
+        if fd is None:
+            raise Error(f"{journal} does not exist")
+        skips = walker.Skips()
+        try:
+            store.begin()
+            for node in walker.walk(fd, str(journal), uids, skips):
+                try:
+                    new_access, new_default, holds = changes(node)
+                    if new_access is None and new_default is None:
+                        if recording and holds & first:
+                            key = (node.st.st_ino, generation(node.fd))
+                            if store.lookup(*key) is None:
+                                store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), ())
+                        continue
+                    key = (node.st.st_ino, generation(node.fd))
+                    record = store.lookup(*key)
+                    if recording or record is None:
+                        later = holds & previous if record is None else ()
+                        store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), gids, later)
+                        if recording:
+                            continue
+                        store.commit()  # new since the first walk: on disk before its change
+                        store.begin()
+                    node.set_acls(new_access, new_default)
+                except walker.AclError as exc:
+                    if recording:
+                        continue  # the second walk meets it again and says why
+                    refused.append((node.path, str(exc)))
+                    say(f"not granted: {walker.shown(node.path)}: {exc.reason}")
+            store.commit()
+        finally:
+            os.close(fd)
+    return skips, refused
+
+
+def record_setup(root: Path, journal: Path, after: bool) -> None:
+    """Record what the journal directory, its machine directories and their active
+    files hold, before apply's setup steps (committed before the first) or after."""
+    from debadmin.journal_acl_setup import ownership
+
+    fd = open_journal(journal)
+    if fd is None:
+        raise Error(f"{journal} does not exist")
+    store = acl_state().Store(root, create=True)
+    try:
+        ownership.record(fd, str(journal), store, after)
+    finally:
+        store.close()
+        os.close(fd)
+
+
+def applied_groups(root: Path) -> Dict[str, int]:
+    """The groups the state database says were applied and not reverted, read only
+    ({} without a usable database)."""
+    store = acl_state().Store(root, create=False, read_only=True)
+    try:
+        return store.applied()
+    finally:
+        store.close()
+
+
+def granting(state: State, uids: Set[int]) -> None:
+    """The grant step of apply: the state database opened, the groups recorded as
+    applied (with those applied before), the tree walked, what it skipped logged and
+    what refused an ACL kept for the exit status."""
+    store = acl_state().Store(state.root, create=True)
+    try:
+        previous = store.applied()
+        # A group the drop-in names was applied before, and its record lost (the state
+        # file deleted): its entries now are apply's, not the admin's, and are not kept.
+        before = set(read_tmpfiles_dropin(state.root) or {}) | set(previous) | {STOCK_GROUP}
+        first = {g for n, g in state.groups.items() if n not in before}
+        lost = {g for n, g in state.groups.items() if n in before and n not in previous}
+        store.begin()
+        store.set_applied({**previous, **state.groups})
+        store.commit()
+        skips, refused = grant_tree(
+            state.journal,
+            state.groups,
+            set(uids),
+            store,
+            print,
+            first=first,
+            previous=set(previous.values()) | lost,
+        )
+    finally:
+        store.close()
+    for skip in skips.items():
+        log.warning("%s", skip.message)
+    state.refused = refused
