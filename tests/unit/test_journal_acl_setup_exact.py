@@ -401,3 +401,41 @@ def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
     assert rc == 0, out + err
     assert (W.GROUP, 5050) not in acl(late)
     assert (W.GROUP, 5060) in acl(late)
+
+
+def test_apply_killed_halfway_reverts_exactly(tmp_path, capsys):
+    """apply records and changes in one walk, each batch's records committed before
+    its changes: SIGKILL between two changes leaves no change without its record."""
+    import signal
+
+    from debadmin.journal_acl_setup import grant as jgrant
+
+    root, machine = image(tmp_path)
+    for i in range(jgrant.BATCH + 100):
+        path = machine / f"system@{i:04d}.journal"
+        path.write_text("")
+        os.chmod(path, 0o600 if i % 2 else 0o640)
+    before = tree(root)
+    pid = os.fork()
+    if pid == 0:  # the child: apply, killed at its BATCH + 20th change
+        try:
+            calls = [0]
+            real = W.Node.set_acls
+
+            def set_acls(node, access, default):
+                calls[0] += 1
+                if calls[0] == jgrant.BATCH + 20:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(node, access, default)
+
+            W.Node.set_acls = set_acls
+            jas.main(["apply", "--root", str(root), "-q", "-g", "staff"])
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    granted = sum("group:5050:r--" in line for line in tree(root)[0].splitlines())
+    assert jgrant.BATCH <= granted < jgrant.BATCH + 100  # halfway indeed
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, (out, err)
+    assert tree(root) == before

@@ -141,10 +141,25 @@ class Reverting:
                 log.warning("%s", message)
         return outcome.touched
 
-    def steps(self) -> List[Step]:
+    def recorded(self) -> bool:
+        """Whether the state holds records of the groups (or of the journal's setup,
+        with --adm): the walk then has work, and revert needs no dry walk to know it."""
+        if self.strip or self.store is None or self.store.db is None:
+            return False
+        records = self.store.holding(set(self.gone.values()) | self.also)
+        try:
+            found = next(records, None) is not None
+        finally:
+            records.close()  # its cursor with it, before the walk's transaction
+        return found or self.setup and bool(self.store.setup_keys())
+
+    def steps(self, dry_run: bool = True) -> List[Step]:
         """Restoring the ACLs under the journal, when any would change or a record is
-        left (a read-only journal refuses here, before the first write)."""
-        if not self.walk(dry_run=True) and not self.problems:
+        left (a read-only journal refuses here, before the first write).  One walk
+        where records say there is work: a dry walk first only where none does (a
+        revert with nothing left, files inheriting apply's defaults), or for -n, which
+        lists what the walk would not restore."""
+        if (dry_run or not self.recorded()) and not self.walk(dry_run=True) and not self.problems:
             return []
         fd = open_journal(self.journal)
         if fd is not None:
@@ -313,7 +328,7 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
             refuse_without_state(store, journal, reverted, root)
     tree = Reverting(journal, gone, root, store, strip, also, setup=adm) if gone else None
     if tree is not None:
-        steps += tree.steps()
+        steps += tree.steps(args.dry_run)
     steps += _store_steps(store, applied, reverted, remaining, tree)
     dropin_steps = revert_dropin(root, groups)
     if dropin_steps:
