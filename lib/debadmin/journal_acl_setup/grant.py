@@ -95,7 +95,13 @@ def grant_tree(
                     if holds & first:
                         key = (node.st.st_ino, generation(node.fd))
                         if store.lookup(*key) is None:
-                            store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), ())
+                            # What it holds of the groups applied before came from
+                            # apply's defaults (it has no record): revert of them takes
+                            # it off, as for an inode changed now.
+                            later = holds & previous
+                            store.record(
+                                *key, node.is_dir, node.st.st_mode, *node.raw(), (), later
+                            )
                     continue
                 key = (node.st.st_ino, generation(node.fd))
                 record = store.lookup(*key)
