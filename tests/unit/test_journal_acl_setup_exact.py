@@ -410,32 +410,52 @@ def test_apply_killed_halfway_reverts_exactly(tmp_path, capsys):
 
     from debadmin.journal_acl_setup import grant as jgrant
 
+    batch = 64
     root, machine = image(tmp_path)
-    for i in range(jgrant.BATCH + 100):
+    for i in range(3 * batch):
         path = machine / f"system@{i:04d}.journal"
         path.write_text("")
         os.chmod(path, 0o600 if i % 2 else 0o640)
     before = tree(root)
     pid = os.fork()
-    if pid == 0:  # the child: apply, killed at its BATCH + 20th change
+    if pid == 0:  # the child: apply in batches of 64, killed at its 84th change
         try:
             calls = [0]
             real = W.Node.set_acls
 
             def set_acls(node, access, default):
                 calls[0] += 1
-                if calls[0] == jgrant.BATCH + 20:
+                if calls[0] == batch + 20:
                     os.kill(os.getpid(), signal.SIGKILL)
                 return real(node, access, default)
 
             W.Node.set_acls = set_acls
+            jgrant.batch_size = lambda: batch
             jas.main(["apply", "--root", str(root), "-q", "-g", "staff"])
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     granted = sum("group:5050:r--" in line for line in tree(root)[0].splitlines())
-    assert jgrant.BATCH <= granted < jgrant.BATCH + 100  # halfway indeed
+    assert batch <= granted < 2 * batch  # halfway indeed
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 0, (out, err)
     assert tree(root) == before
+
+
+def test_batch_size_follows_the_descriptor_limit():
+    """The soft descriptor limit is raised (up to the hard one) to make room for a batch."""
+    import resource
+
+    from debadmin.journal_acl_setup import grant as jgrant
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        room = jgrant.BATCH_MAX + 256
+        if hard != resource.RLIM_INFINITY:
+            room = min(room, hard)
+        assert jgrant.batch_size() == max(16, min(jgrant.BATCH_MAX, room - 256))
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == max(300, room)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -19,9 +19,30 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Set, Tuple
 
 
-# Changes waiting for their records' commit: descriptors kept open (a quarter of the
-# usual 1,024), one fsync of the state file per batch.
-BATCH = 256
+# Changes waiting for their records' commit: descriptors kept open, one commit (fsyncs
+# of the state file) per batch of up to BATCH_MAX, as the descriptor limit allows.
+BATCH_MAX = 4096
+
+
+def batch_size() -> int:
+    """How many changes may wait for their commit: as many descriptors as the soft
+    limit leaves room for (raised up to the hard limit where that allows BATCH_MAX),
+    keeping a margin for the walk's own (one per directory level) and SQLite's."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = BATCH_MAX + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (OSError, ValueError):
+                pass
+    if soft == resource.RLIM_INFINITY:
+        return BATCH_MAX
+    return max(16, min(BATCH_MAX, soft - 256))
 
 
 def grant_tree(
@@ -39,7 +60,8 @@ def grant_tree(
     no other entry gaining a right through it: walker.granted).  One walk, recording
     and changing: what every inode to be changed holds now is recorded in store, and
     the changes wait, their descriptors kept open, until a batch of BATCH records is
-    committed (on disk: SQLite syncs a commit); only then are they made.  A SIGKILL
+    committed (on disk: SQLite syncs a commit); only then are they made.  BATCH is
+    batch_size(), up to BATCH_MAX where the descriptor limit allows.  A SIGKILL
     anywhere leaves no change without its record.  Also recorded: an inode that holds
     entries of a group applied for the first time (first), unchanged (so that revert
     keeps them), and of an inode without a record, the groups applied before
@@ -50,6 +72,7 @@ def grant_tree(
     """
     gids = set(groups.values())
     generation = acl_state().generation
+    batch = batch_size()
     refused: List[Tuple[str, str]] = []
     pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
 
@@ -81,7 +104,9 @@ def grant_tree(
         try:
             for node in walker.walk(fd, str(journal), uids, skips):
                 try:
-                    access, default = node.acls()
+                    raw = node.raw()  # read once: parsed here, recorded below
+                    access = walker.parse(raw[0]) or walker.from_mode(node.st.st_mode)
+                    default = walker.parse(raw[1])
                 except walker.AclError as exc:
                     refuse(node.path, exc)
                     continue
@@ -99,18 +124,16 @@ def grant_tree(
                             # apply's defaults (it has no record): revert of them takes
                             # it off, as for an inode changed now.
                             later = holds & previous
-                            store.record(
-                                *key, node.is_dir, node.st.st_mode, *node.raw(), (), later
-                            )
+                            store.record(*key, node.is_dir, node.st.st_mode, *raw, (), later)
                     continue
                 key = (node.st.st_ino, generation(node.fd))
                 record = store.lookup(*key)
                 later = holds & previous if record is None else ()
-                store.record(*key, node.is_dir, node.st.st_mode, *node.raw(), gids, later)
+                store.record(*key, node.is_dir, node.st.st_mode, *raw, gids, later)
                 # The walk closes node.fd once it moves on: the change keeps its own.
                 kept = walker.Node(node.path, os.dup(node.fd), node.st, node.is_dir)
                 pending.append((kept, new_access, new_default))
-                if len(pending) >= BATCH:
+                if len(pending) >= batch:
                     flush()
             flush()
         finally:

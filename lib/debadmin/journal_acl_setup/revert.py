@@ -38,15 +38,16 @@ G = walker.GROUP
 class Outcome:
     """What one revert walk did: paths changed (would change), problems as (path or
     None, message), what it passed over and only says (symbolic links...), the records
-    it met (their keys)."""
+    it met (the setup records' keys; the others counted)."""
 
-    __slots__ = ("touched", "problems", "notes", "met")
+    __slots__ = ("touched", "problems", "notes", "met", "met_count")
 
     def __init__(self) -> None:
         self.touched = 0
         self.problems: List[Tuple[Optional[str], str]] = []
         self.notes: List[str] = []
-        self.met: Set[Tuple[int, int]] = set()
+        self.met: Set[Tuple[int, int]] = set()  # the journal's setup records met
+        self.met_count = 0  # records of the groups met: counted, not kept (200,000 of them)
 
 
 def _gids_in(entries: Optional[Entries]) -> Set[int]:
@@ -97,6 +98,11 @@ def revoke(
     from_apply: Dict[str, Set[int]] = {journal.rpartition("/")[0]: set(gone) - set(stock)}
     state = None if strip else store
     setups = state.setup_keys() if setup and state is not None else set()
+    # The records naming the groups, counted before the walk: those it does not meet
+    # (moved out, hard-linked since) are what is left of them once it is done.
+    recorded = 0
+    if state is not None and state.db is not None:
+        recorded = sum(1 for _ in state.holding(gone))
     if state is not None and state.db is not None and not dry_run:
         state.begin()
     for node in walker.walk(journal_fd, journal, uids, skips):
@@ -127,10 +133,7 @@ def revoke(
     if state is not None and state.db is not None:
         if not dry_run:
             state.commit()
-        unmet = 0
-        for ino, gen, _named in state.holding(gone):
-            if (ino, gen) not in outcome.met:
-                unmet += 1
+        unmet = recorded - outcome.met_count
         if unmet:
             outcome.problems.append(
                 (
@@ -183,7 +186,7 @@ def _node(
     hit = gone & (gids | later)
     if not hit:
         return False
-    outcome.met.add(key)
+    outcome.met_count += 1
     if made != (access, default):
         # Changed since apply: take off what apply gave, leave the rest as it is.
         changed = _set(node, access, default, hit, base, base_default, dry_run)
