@@ -36,7 +36,7 @@ from debadmin.journal_acl_setup.scan import ADMIN_CHOICE, State
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Callable, List, Tuple
+    from typing import Any, Callable, List, Set, Tuple
 
     Step = Tuple[str, Callable[[], object]]  # what to print, what to do
 
@@ -103,11 +103,11 @@ def fix_ownership(journal: Path, jgid: int) -> None:
         os.close(fd)
 
 
-def plan(state: State, add_to_config: List[str]) -> List[Step]:
-    """The changes apply would make, in order: what to print, and what to do."""
+def setup_steps(state: State, codes: Set[str]) -> List[Step]:
+    """Creating the journal directory, its owner, group and mode, systemd-tmpfiles; on a
+    hand-made directory, what they change recorded before and after (ownership.py)."""
     root, journal = state.root, state.journal
     steps: List[Step] = []
-    codes = state.codes()
     if "journal-missing" in codes:
         steps.append((f"create {journal}", lambda: make_dirs(journal)))
     setup = state.exists and bool(codes & {"journal-ownership"})
@@ -138,6 +138,15 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
                 lambda: record_setup(root, journal, after=True),
             )
         )
+    return steps
+
+
+def plan(state: State, add_to_config: List[str]) -> List[Step]:
+    """The changes apply would make, in order: what to print, and what to do."""
+    root, journal = state.root, state.journal
+    steps: List[Step] = []
+    codes = state.codes()
+    steps += setup_steps(state, codes)
     fresh = [n for n in state.groups if n != STOCK_GROUP and n not in applied_groups(root)]
     if codes & {"journal-missing", "unreadable", "no-default-acl"} or (fresh and state.exists):
         names = ", ".join(f"{name} (gid {gid})" for name, gid in state.groups.items())

@@ -108,28 +108,11 @@ def revoke(
     for node in walker.walk(journal_fd, journal, uids, skips):
         parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
         try:
-            key = None
-            if setups:
-                from debadmin.journal_acl_setup import state as acl_state
-
-                key = (node.st.st_ino, acl_state.generation(node.fd))
-            if key in setups:
-                if _setup_node(node, key, gone, state, parent, from_apply, outcome, dry_run):
-                    outcome.touched += 1
-            elif _node(node, gone, state, parent, from_apply, outcome, dry_run):
+            if _visit(node, setups, gone, state, parent, from_apply, outcome, dry_run):
                 outcome.touched += 1
         except walker.AclError as exc:
             outcome.problems.append((node.path, f"{exc} (its record is kept)"))
-    unmet_setup = setups - outcome.met
-    if unmet_setup:
-        outcome.problems.append(
-            (
-                None,
-                f"{len(unmet_setup)} of the journal's directories or active files whose "
-                f"owner, mode or ACLs apply set up were not found under {walker.shown(journal)}"
-                ": their records are kept for a later revert",
-            )
-        )
+    _unmet_setup(outcome, setups, journal)
     if state is not None and state.db is not None:
         if not dry_run:
             state.commit()
@@ -149,6 +132,30 @@ def revoke(
         else:
             outcome.notes.append(skip.message)
     return outcome
+
+
+def _visit(node, setups, gone, state, parent, from_apply, outcome, dry_run) -> bool:
+    """One inode: as the journal's setup recorded it (setups: their keys), or as any."""
+    if setups:
+        from debadmin.journal_acl_setup import state as acl_state
+
+        key = (node.st.st_ino, acl_state.generation(node.fd))
+        if key in setups:
+            return _setup_node(node, key, gone, state, parent, from_apply, outcome, dry_run)
+    return _node(node, gone, state, parent, from_apply, outcome, dry_run)
+
+
+def _unmet_setup(outcome: Outcome, setups: Set[Tuple[int, int]], journal: str) -> None:
+    unmet = setups - outcome.met
+    if unmet:
+        outcome.problems.append(
+            (
+                None,
+                f"{len(unmet)} of the journal's directories or active files whose "
+                f"owner, mode or ACLs apply set up were not found under {walker.shown(journal)}"
+                ": their records are kept for a later revert",
+            )
+        )
 
 
 def _node(

@@ -290,6 +290,19 @@ def revert_groups(
     return groups
 
 
+def adm_too(args: argparse.Namespace, store: Any) -> bool:
+    """Whether revert --adm was asked, refused where it cannot be done."""
+    adm = getattr(args, "adm", False)
+    if adm and not store.usable:
+        raise Error(
+            f"{store.path} is missing or empty: without apply's record nothing of adm or "
+            "of the journal's setup can be given back; nothing changed"
+        )
+    if adm and getattr(args, "strip", False):
+        raise Error("--adm and --strip exclude each other")
+    return adm
+
+
 def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None], store) -> int:
     applied = store.applied()
     groups = revert_groups(args, root, applied)
@@ -302,14 +315,7 @@ def revert_with(args: argparse.Namespace, root: Path, say: Callable[[str], None]
     # adm what a stock system gives it.  An applied group is reverted by the gid
     # recorded at apply (deleted or renumbered since); without a record only its
     # drop-in lines are left.
-    adm = getattr(args, "adm", False)
-    if adm and not store.usable:
-        raise Error(
-            f"{store.path} is missing or empty: without apply's record nothing of adm or "
-            "of the journal's setup can be given back; nothing changed"
-        )
-    if adm and getattr(args, "strip", False):
-        raise Error("--adm and --strip exclude each other")
+    adm = adm_too(args, store)
     reverted = {
         name: applied[name] if name in applied else gid
         for name, gid in groups.items()
