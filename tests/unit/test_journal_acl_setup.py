@@ -13,8 +13,15 @@ import pytest
 
 from debadmin.errors import Error, NotApplicable
 from debadmin.journal_acl_setup import main as jas
+from debadmin.journal_acl_setup import dropin as jdropin
+from debadmin.journal_acl_setup import groups as jgroups
+from debadmin.journal_acl_setup import journald as jconf
+from debadmin.journal_acl_setup import journaldir as jdir
+from debadmin.journal_acl_setup import plan as jplan
+from debadmin.journal_acl_setup import scan as jscan
+from debadmin.journal_acl_setup import walk as jwalk
 
-W = jas.walker
+W = jwalk
 G, M, GO, O, U = W.GROUP, W.MASK, W.GROUP_OBJ, W.OTHER, W.UNDEFINED
 
 
@@ -124,57 +131,57 @@ def make_root(tmp_path):
 
 def test_journald_storage_order(tmp_path):
     root = make_root(tmp_path)
-    assert jas.journald_storage(root) == ("auto", None)
+    assert jconf.journald_storage(root) == ("auto", None)
     (root / "etc/systemd/journald.conf").write_text("[Journal]\n#Storage=none\nStorage=volatile\n")
-    assert jas.journald_storage(root)[0] == "volatile"
+    assert jconf.journald_storage(root)[0] == "volatile"
     usr = root / "usr/lib/systemd/journald.conf.d"
     usr.mkdir(parents=True)
     (usr / "10-a.conf").write_text("[Journal]\nStorage=persistent\n")
     (usr / "20-b.conf").write_text("[Journal]\nStorage=none\n")
-    assert jas.journald_storage(root) == ("none", str(usr / "20-b.conf"))
+    assert jconf.journald_storage(root) == ("none", str(usr / "20-b.conf"))
     etc = root / "etc/systemd/journald.conf.d"
     etc.mkdir()
     (etc / "20-b.conf").write_text("[Journal]\nStorage=auto\n")  # masks the /usr one
-    assert jas.journald_storage(root) == ("auto", str(etc / "20-b.conf"))
+    assert jconf.journald_storage(root) == ("auto", str(etc / "20-b.conf"))
     (etc / "20-b.conf").write_text("# nothing\n")
-    assert jas.journald_storage(root) == ("persistent", str(usr / "10-a.conf"))
+    assert jconf.journald_storage(root) == ("persistent", str(usr / "10-a.conf"))
     (etc / "30-c.conf").write_text("[Other]\nStorage=none\n")  # wrong section
-    assert jas.journald_storage(root)[0] == "persistent"
+    assert jconf.journald_storage(root)[0] == "persistent"
 
 
 def test_configured_groups(tmp_path):
     root = make_root(tmp_path)
-    assert jas.configured_groups(root) == ["adm"]
+    assert jgroups.configured_groups(root) == ["adm"]
     (root / "etc/default").mkdir()
     (root / "etc/default/journal-acl-setup").write_text(
         '# comment\nJOURNAL_ACL_GROUPS="adm staff"  # trailing\n'
     )
-    assert jas.configured_groups(root) == ["adm", "staff"]
+    assert jgroups.configured_groups(root) == ["adm", "staff"]
     (root / "etc/default/journal-acl-setup").write_text('JOURNAL_ACL_GROUPS="adm\n')
     with pytest.raises(Error, match="cannot parse"):
-        jas.configured_groups(root)
+        jgroups.configured_groups(root)
 
 
 @pytest.mark.parametrize("name", ["", "a;b", "$(id)", "-rf", "x" * 33, "Adm", "a b"])
 def test_bad_group_names(tmp_path, name):
     with pytest.raises(Error):
-        jas.resolve_groups([name], make_root(tmp_path))
+        jgroups.resolve_groups([name], make_root(tmp_path))
 
 
 def test_unknown_group(tmp_path):
     with pytest.raises(Error, match="unknown group: nosuch"):
-        jas.resolve_groups(["nosuch"], make_root(tmp_path))
+        jgroups.resolve_groups(["nosuch"], make_root(tmp_path))
 
 
 def test_not_applicable_without_journald(tmp_path):
     root = make_root(tmp_path)
     (root / "lib/systemd/systemd-journald").unlink()
     with pytest.raises(NotApplicable):
-        jas.inspect(root, {"adm": 4})
+        jscan.inspect(root, {"adm": 4})
 
 
 def test_render_tmpfiles():
-    text = jas.render_tmpfiles(["adm", "staff"])
+    text = jdropin.render_tmpfiles(["adm", "staff"])
     assert "group:adm" not in text
     assert "a+ /var/log/journal - - - - d:group:staff:r-x,group:staff:r-x\n" in text
     assert "a+ /var/log/journal/%m/system.journal - - - - group:staff:r--\n" in text
@@ -209,7 +216,7 @@ def test_check_lists_findings_and_ignores_symlinks(tmp_path, capsys):
     assert ("ignored-symlink", None, link) in found
     assert ("unreadable", "staff", str(journal / "m/system@1.journal")) in found
     assert ("no-default-acl", "adm", str(journal / "m")) in found
-    assert ("boot-grant-missing", "staff", str(root / jas.TMPFILES_DROPIN)) in found
+    assert ("boot-grant-missing", "staff", str(root / jdir.TMPFILES_DROPIN)) in found
     assert [f["severity"] for f in report["findings"] if f["subject"] == link] == ["warning"]
     for item in report["findings"]:
         assert list(item)[:4] == ["code", "severity", "subject", "message"]
@@ -436,7 +443,7 @@ def test_apply_dry_run_changes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "would create" in out
     assert not (root / "var/log/journal").exists()
-    assert not (root / jas.TMPFILES_DROPIN).exists()
+    assert not (root / jdir.TMPFILES_DROPIN).exists()
 
 
 needs_root = pytest.mark.skipif(
@@ -495,8 +502,8 @@ def test_apply_fresh_image_with_extra_group(tmp_path, capsys):
     assert "group:50" not in getfacl(journal)  # the host's staff
     assert getfacl(journal)["default:group:5050"] == "r-x"
     assert os.stat(journal).st_mode & 0o7777 == 0o2755
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True}
-    assert jas.configured_groups(root) == ["adm", "staff"]  # apply -g says so
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True}
+    assert jgroups.configured_groups(root) == ["adm", "staff"]  # apply -g says so
     assert run_tool(capsys, "check", "--root", str(root), "-g", "adm", "-g", "staff")[0] == 0
 
 
@@ -543,7 +550,7 @@ def test_apply_tree_trap_idempotent_revert(tmp_path, capsys):
 
     rc, out, _ = run_tool(capsys, "revert", *args)
     assert rc == 0 and "done: restore the ACLs under" in out
-    assert not os.path.lexists(root / jas.TMPFILES_DROPIN)
+    assert not os.path.lexists(root / jdir.TMPFILES_DROPIN)
     remaining = subprocess.run(
         ["getfacl", "-RPn", "--absolute-names", str(journal)], capture_output=True, check=True
     ).stdout.decode()
@@ -563,10 +570,10 @@ def test_apply_keeps_groups_of_earlier_runs(tmp_path, capsys):
     root = make_image(tmp_path)
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "users")[0] == 0
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True, "users": True}
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True, "users": True}
     assert run_tool(capsys, "check", "--root", str(root), "-g", "staff")[0] == 0
     assert run_tool(capsys, "revert", "--root", str(root), "-g", "users")[0] == 0
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True}
     assert run_tool(capsys, "check", "--root", str(root), "-g", "staff")[0] == 0
 
 
@@ -591,7 +598,7 @@ def test_explicit_storage_stands(tmp_path, capsys, caplog, storage):
     assert rc == 0 and f"Storage={storage}" in caplog.text
     assert os.listdir(conf.parent) == ["local.conf"]
     assert not (root / "var/log/journal").exists()
-    assert jas.journald_storage(root) == (storage, str(conf))
+    assert jconf.journald_storage(root) == (storage, str(conf))
     assert run_tool(capsys, "apply", "--root", str(root), "-q") == (0, "", "")
 
 
@@ -600,7 +607,7 @@ def test_explicit_storage_stands(tmp_path, capsys, caplog, storage):
 def test_revert_persists_in_the_configuration(tmp_path, capsys):
     root = make_image(tmp_path)
     (root / "etc/default").mkdir()
-    defaults = root / jas.DEFAULTS_FILE
+    defaults = root / jdir.DEFAULTS_FILE
     defaults.write_text('# keep me\nJOURNAL_ACL_GROUPS="adm staff users"\n')
     assert run_tool(capsys, "apply", "--root", str(root))[0] == 0
     rc, out, _ = run_tool(capsys, "revert", "--root", str(root), "-g", "staff")
@@ -611,9 +618,9 @@ def test_revert_persists_in_the_configuration(tmp_path, capsys):
     assert "group:5050" not in getfacl(root / "var/log/journal")
     # apply -g then a plain revert undoes it.
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
-    assert jas.configured_groups(root) == ["adm", "users", "staff"]
+    assert jgroups.configured_groups(root) == ["adm", "users", "staff"]
     assert run_tool(capsys, "revert", "--root", str(root))[0] == 0
-    assert jas.configured_groups(root) == ["adm"]
+    assert jgroups.configured_groups(root) == ["adm"]
     assert set(getfacl(root / "var/log/journal")) >= {"group:4"}
     assert not {"group:5050", "group:5100"} & set(getfacl(root / "var/log/journal"))
 
@@ -624,10 +631,10 @@ def test_revert_all_keeps_the_configuration(tmp_path, capsys):
     """What prerm runs on removal: every group but adm, the admin's file left alone."""
     root = make_image(tmp_path)
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff", "-g", "users")[0] == 0
-    before = (root / jas.DEFAULTS_FILE).read_text()
+    before = (root / jdir.DEFAULTS_FILE).read_text()
     assert run_tool(capsys, "revert", "--root", str(root), "--all", "-q") == (0, "", "")
-    assert (root / jas.DEFAULTS_FILE).read_text() == before
-    assert not (root / jas.TMPFILES_DROPIN).exists()
+    assert (root / jdir.DEFAULTS_FILE).read_text() == before
+    assert not (root / jdir.TMPFILES_DROPIN).exists()
     text = subprocess.run(
         ["getfacl", "-RPn", str(root / "var/log/journal")], capture_output=True, check=True
     ).stdout.decode()
@@ -690,15 +697,17 @@ def test_tmpfiles_dropin_groups(tmp_path, capsys):
     root = make_root(tmp_path)
     with open(root / "etc/group", "a", encoding="utf-8") as group:
         group.write("users:x:100:\n")
-    dropin = root / jas.TMPFILES_DROPIN
+    dropin = root / jdir.TMPFILES_DROPIN
     dropin.parent.mkdir(parents=True)
-    dropin.write_text(jas.render_tmpfiles(["adm", "staff", "users"]))
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True, "users": True}
-    assert jas.tmpfiles_findings(root, {"staff": 50}) == []
+    dropin.write_text(jdropin.render_tmpfiles(["adm", "staff", "users"]))
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True, "users": True}
+    assert jdropin.tmpfiles_findings(root, {"staff": 50}) == []
     lines = dropin.read_text().splitlines()
     dropin.write_text("\n".join(lines[:-1]) + "\n")  # system.journal line lost
-    assert jas.read_tmpfiles_dropin(root) == {"staff": False, "users": False}
-    assert [f["group"] for f in jas.tmpfiles_findings(root, {"adm": 4, "staff": 50})] == ["staff"]
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": False, "users": False}
+    assert [f["group"] for f in jdropin.tmpfiles_findings(root, {"adm": 4, "staff": 50})] == [
+        "staff"
+    ]
 
 
 @pytest.mark.needs_root
@@ -706,16 +715,16 @@ def test_group_deleted_since_apply(tmp_path, capsys):
     # systemd-tmpfiles ignores a line naming an unknown group: check reports it, apply
     # leaves it out, and revert can still take it out although the group is gone.
     root = make_root(tmp_path)
-    dropin = root / jas.TMPFILES_DROPIN
+    dropin = root / jdir.TMPFILES_DROPIN
     dropin.parent.mkdir(parents=True)
-    dropin.write_text(jas.render_tmpfiles(["staff", "ops"]))
-    falls = jas.tmpfiles_findings(root, {"staff": 50})
+    dropin.write_text(jdropin.render_tmpfiles(["staff", "ops"]))
+    falls = jdropin.tmpfiles_findings(root, {"staff": 50})
     assert [f["group"] for f in falls] == ["ops"] and "does not exist" in falls[0]["message"]
     assert jas.main(["revert", "--root", str(root), "-g", "nosuch"]) == 2
     assert jas.main(["revert", "--root", str(root), "-g", "ops", "--dry-run"]) == 0
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True, "ops": True}
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True, "ops": True}
     assert jas.main(["revert", "--root", str(root), "-g", "ops"]) == 0
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True}
     assert "remove ops from" in capsys.readouterr().out
 
 
@@ -731,9 +740,9 @@ def test_group_deleted_since_apply(tmp_path, capsys):
 )
 def test_tmpfiles_dropin_malformed(tmp_path, capsys, line):
     root = make_root(tmp_path)
-    dropin = root / jas.TMPFILES_DROPIN
+    dropin = root / jdir.TMPFILES_DROPIN
     dropin.parent.mkdir(parents=True)
-    dropin.write_text(jas.GENERATED + line + "\n")
+    dropin.write_text(jdropin.GENERATED + line + "\n")
     before = dropin.read_bytes()
     rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
     assert rc == 2 and err.startswith("journal-acl-setup: error: ") and err.count("\n") == 1
@@ -753,7 +762,7 @@ def test_apply_without_var_log_is_one_line(tmp_path, capsys):
 
 def test_probe_acl_support_unwritable(tmp_path):
     with pytest.raises(Error, match="cannot write in"):
-        jas.probe_acl_support(tmp_path / "nonexistent")
+        jdir.probe_acl_support(tmp_path / "nonexistent")
 
 
 @pytest.mark.parametrize("escape", ["var/log", "etc/tmpfiles.d", "etc/default"])
@@ -797,7 +806,7 @@ def test_symlink_inside_the_image_is_followed(tmp_path, capsys):
 
 def test_dry_run_lists_the_flush(tmp_path, capsys, monkeypatch):
     root = make_root(tmp_path)
-    monkeypatch.setattr(jas, "systemd_running", lambda root: True)
+    monkeypatch.setattr(jplan, "systemd_running", lambda root: True)
     rc, out, _ = run_tool(capsys, "apply", "--root", str(root), "--dry-run")
     assert rc == 0 and "would create" in out and "would run journalctl --flush\n" in out
     assert "restart" not in out
@@ -806,17 +815,17 @@ def test_dry_run_lists_the_flush(tmp_path, capsys, monkeypatch):
 
 def test_resolve_groups_uses_nss_on_the_running_system(tmp_path, monkeypatch):
     """On / a group from LDAP or sssd (not in /etc/group) resolves; in an image it does not."""
-    real = jas.grp.getgrnam
+    real = jgroups.grp.getgrnam
 
     def getgrnam(name):
         if name == "ldapadmins":
             return grp.struct_group(("ldapadmins", "x", 70000, []))
         return real(name)
 
-    monkeypatch.setattr(jas.grp, "getgrnam", getgrnam)
-    assert jas.resolve_groups(["ldapadmins"], jas.Path("/")) == {"ldapadmins": 70000}
+    monkeypatch.setattr(jgroups.grp, "getgrnam", getgrnam)
+    assert jgroups.resolve_groups(["ldapadmins"], jas.Path("/")) == {"ldapadmins": 70000}
     with pytest.raises(Error, match="unknown group"):
-        jas.resolve_groups(["ldapadmins"], make_root(tmp_path))
+        jgroups.resolve_groups(["ldapadmins"], make_root(tmp_path))
 
 
 def test_journald_main_conf_by_systemd_version(tmp_path):
@@ -826,15 +835,15 @@ def test_journald_main_conf_by_systemd_version(tmp_path):
     shared = root / "usr/lib/x86_64-linux-gnu/systemd"
     shared.mkdir(parents=True)
     (shared / "libsystemd-shared-252.so").write_text("")
-    assert jas.journald_storage(root) == ("auto", None)  # bookworm: /etc only
+    assert jconf.journald_storage(root) == ("auto", None)  # bookworm: /etc only
     (shared / "libsystemd-shared-252.so").rename(shared / "libsystemd-shared-257.so")
-    assert jas.systemd_version(root) == 257
-    assert jas.journald_storage(root)[0] == "volatile"  # trixie: first of etc, run, usr
+    assert jconf.systemd_version(root) == 257
+    assert jconf.journald_storage(root)[0] == "volatile"  # trixie: first of etc, run, usr
     (root / "etc/systemd/journald.conf").write_text("[Journal]\n#Storage=auto\n")
-    assert jas.journald_storage(root) == ("auto", None)  # /etc's file wins whole
+    assert jconf.journald_storage(root) == ("auto", None)  # /etc's file wins whole
     (root / "etc/systemd/journald.conf").unlink()
     (root / "etc/systemd/journald.conf").symlink_to("/dev/null")
-    assert jas.journald_storage(root) == ("auto", None)  # masked
+    assert jconf.journald_storage(root) == ("auto", None)  # masked
 
 
 @pytest.mark.needs_root
@@ -868,8 +877,8 @@ def test_group_names_end_at_the_end(tmp_path):
     """re's "$" matches before a final newline: "adm\\n" is no group name."""
     for name in ("adm\n", "staff$\n"):
         with pytest.raises(Error, match="invalid group name"):
-            jas.validate_group_name(name)
-    assert jas.validate_group_name("machine$") == "machine$"
+            jgroups.validate_group_name(name)
+    assert jgroups.validate_group_name("machine$") == "machine$"
 
 
 @pytest.mark.needs_root
@@ -878,7 +887,7 @@ def test_apply_g_never_requotes_shell_from_the_configuration(tmp_path, capsys):
     written back in double quotes, where a shell sourcing the file would run it."""
     root = make_root(tmp_path)
     (root / "etc/default").mkdir()
-    defaults = root / jas.DEFAULTS_FILE
+    defaults = root / jdir.DEFAULTS_FILE
     defaults.write_text("# mine\nJOURNAL_ACL_GROUPS='adm $(touch /tmp/pwned)'\n")
     before = defaults.read_bytes()
     for argv in (
@@ -962,12 +971,12 @@ def test_no_proc_refuses_before_any_change(tmp_path, capsys, monkeypatch):
             ["getfacl", "-RPn", "--absolute-names", str(root)], capture_output=True, check=True
         ).stdout
         assert after == before and os.stat(journal).st_mode & 0o7777 == 0o755
-        assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+        assert jdropin.read_tmpfiles_dropin(root) == {"staff": True}
     os.chmod(journal, 0o2755)
-    (root / jas.TMPFILES_DROPIN).unlink()  # only the drop-in left to write: not half of it
+    (root / jdir.TMPFILES_DROPIN).unlink()  # only the drop-in left to write: not half of it
     rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
     assert rc == 2 and "is /proc mounted?" in err and out == ""
-    assert not (root / jas.TMPFILES_DROPIN).exists()
+    assert not (root / jdir.TMPFILES_DROPIN).exists()
 
 
 def test_apply_g_keeps_a_symlinked_configuration(tmp_path, capsys):
@@ -978,9 +987,9 @@ def test_apply_g_keeps_a_symlinked_configuration(tmp_path, capsys):
     (root / "etc/site").mkdir()
     target = root / "etc/site/journal-acl-setup"
     target.write_text('# managed\nJOURNAL_ACL_GROUPS="adm"\n# end\n')
-    (root / jas.DEFAULTS_FILE).symlink_to("../site/journal-acl-setup")
-    jas.write_configured_groups(root, ["adm", "staff"])
-    assert os.readlink(root / jas.DEFAULTS_FILE) == "../site/journal-acl-setup"
+    (root / jdir.DEFAULTS_FILE).symlink_to("../site/journal-acl-setup")
+    jgroups.write_configured_groups(root, ["adm", "staff"])
+    assert os.readlink(root / jdir.DEFAULTS_FILE) == "../site/journal-acl-setup"
     assert target.read_text() == '# managed\nJOURNAL_ACL_GROUPS="adm staff"\n# end\n'
 
 
@@ -1112,13 +1121,13 @@ def test_check_summarises_many_symlinks(tmp_path, capsys):
 
 def test_unknown_group_is_a_warning(tmp_path):
     root = make_root(tmp_path)
-    groups, unknown = jas.resolve_known(["adm", "gone"], root)
+    groups, unknown = jgroups.resolve_known(["adm", "gone"], root)
     assert groups == {"adm": 4} and [f["code"] for f in unknown] == ["unknown-group"]
     assert unknown[0]["severity"] == "warning"
     with pytest.raises(Error, match="unknown group: gone"):
-        jas.resolve_known(["gone"], root)
+        jgroups.resolve_known(["gone"], root)
     with pytest.raises(Error, match="invalid group name"):
-        jas.resolve_known(["adm", "Bad!"], root)
+        jgroups.resolve_known(["adm", "Bad!"], root)
 
 
 def test_apply_and_revert_need_root(tmp_path, capsys, monkeypatch):
@@ -1204,20 +1213,28 @@ def test_refused_grant_is_listed_and_the_rest_granted(tmp_path, capsys, monkeypa
     assert rc == 1, (out, err)
     assert f"not granted: {remote}/full.journal: No space left on device\n" in out, out
     assert can(machine / "system@1.journal", 5050)
-    assert jas.read_tmpfiles_dropin(root) == {"staff": True}
+    assert jdropin.read_tmpfiles_dropin(root) == {"staff": True}
 
 
 @needs_acl_tools
 @needs_root
 def test_revert_restores_the_admins_mask_exactly(tmp_path, capsys):
     root = make_image(tmp_path)
-    machine = root / "var/log/journal" / MACHINE_ID
+    journal = root / "var/log/journal"
+    machine = journal / MACHINE_ID
     machine.mkdir(parents=True)
+    os.chmod(journal, 0o755)
+    os.chmod(machine, 0o755)
     masked = machine / "masked.journal"
     masked.write_text("x")
     os.chmod(masked, 0o640)
     subprocess.run(["setfacl", "-m", "u:77:r--,m::---", str(masked)], check=True)
+    active = machine / "system.journal"
+    active.write_text("x")
+    os.chmod(active, 0o600)
     before = getfacl(masked)
+    # a hand-made journal: root:root 0755, the active file 0600, no ACL anywhere
+    made = {p: (os.stat(p), getfacl(p)) for p in (journal, machine, active)}
     assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
     assert getfacl(masked)["mask"] == "r--"
     # a file "journald" creates after apply inherits staff
@@ -1235,14 +1252,56 @@ def test_revert_restores_the_admins_mask_exactly(tmp_path, capsys):
         "mask": "r--",
         "other": "---",
     }
-    assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()
+    # The journal's setup (owner, mode, systemd-tmpfiles' ACLs) stays, as adm's entries
+    # do; its record stays for revert --adm, which gives the hand-made journal back.
+    state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755
+    assert state.exists()
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm")
+    assert (rc, err) == (0, ""), out
+    for path, (st, acl) in made.items():
+        now = os.stat(path)
+        assert (now.st_uid, now.st_gid, now.st_mode) == (st.st_uid, st.st_gid, st.st_mode), path
+        assert getfacl(path) == acl, path
+    assert getfacl(masked) == before
+    # made after apply: loses what apply's defaults (systemd-tmpfiles' adm included) gave
+    assert getfacl(machine / "system@2.journal") == {"user": "rw-", "group": "r--", "other": "---"}
+    assert not state.exists()
 
 
 @needs_root
 def test_no_op_apply_does_not_flush(tmp_path, capsys, monkeypatch):
     root = make_image(tmp_path)
     assert run_tool(capsys, "apply", "--root", str(root), "-q")[0] == 0
-    monkeypatch.setattr(jas, "systemd_running", lambda root: True)
-    monkeypatch.setattr(jas, "run_commands", lambda: pytest.fail("journalctl run"))
+    monkeypatch.setattr(jplan, "systemd_running", lambda root: True)
+    monkeypatch.setattr(jplan, "run_commands", lambda: pytest.fail("journalctl run"))
     rc, out, _ = run_tool(capsys, "apply", "--root", str(root))
     assert rc == 0 and out == "nothing to change: the journal is already set up\n"
+
+
+@needs_acl_tools
+@needs_root
+def test_a_hand_made_journal_is_recorded_before_its_setup_changes(tmp_path, capsys, monkeypatch):
+    """apply stopped right after it set the journal directory's owner and mode (before
+    systemd-tmpfiles): the record was on disk first, and revert --adm gives it back."""
+    root = make_image(tmp_path)
+    journal = root / "var/log/journal"
+    journal.mkdir(parents=True)
+    os.chmod(journal, 0o750)
+    made = os.stat(journal)
+
+    def killed(*args):
+        raise jas.Error("killed")
+
+    monkeypatch.setattr(jplan, "tmpfiles", killed)
+    assert run_tool(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 2
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755
+    monkeypatch.undo()
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm", "-n")
+    assert rc == 0 and "would restore" in out, (out, err)
+    assert os.stat(journal).st_mode & 0o7777 == 0o2755  # -n changed nothing
+    rc, out, err = run_tool(capsys, "revert", "--root", str(root), "--all", "--adm")
+    assert (rc, err) == (0, ""), out
+    now = os.stat(journal)
+    assert (now.st_uid, now.st_gid, now.st_mode) == (made.st_uid, made.st_gid, made.st_mode)
+    assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()

@@ -10,8 +10,10 @@ import subprocess
 import pytest
 
 from debadmin.journal_acl_setup import main as jas
+from debadmin.journal_acl_setup import journaldir as jdir
+from debadmin.journal_acl_setup import walk as jwalk
 
-W = jas.walker
+W = jwalk
 MACHINE_ID = "0123456789abcdef0123456789abcdef"
 GROUPS = (
     "root:x:0:\nadm:x:4:\nsystemd-journal:x:1999:\nstaff:x:5050:\nops:x:5060:\nusers:x:5100:\n"
@@ -29,9 +31,7 @@ pytestmark = [
     pytest.mark.skipif(
         not (shutil.which("getfacl") and shutil.which("setfacl")), reason="acl not installed"
     ),
-    pytest.mark.skipif(
-        not shutil.which("systemd-tmpfiles"), reason="apply runs systemd-tmpfiles"
-    ),
+    pytest.mark.skipif(not shutil.which("systemd-tmpfiles"), reason="apply runs systemd-tmpfiles"),
 ]
 
 
@@ -143,7 +143,9 @@ def test_two_groups_in_either_order_end_exact(tmp_path, capsys, order):
     assert not {(W.GROUP, 5050), (W.GROUP, 5060)} & set(new)
     os.unlink(machine / "system@2.journal")
     assert tree(root) == before
-    with contextlib.closing(sqlite3.connect(state)) as db:  # adm's (the image's first apply) is left
+    with contextlib.closing(
+        sqlite3.connect(state)
+    ) as db:  # adm's (the image's first apply) is left
         assert db.execute("SELECT name FROM applied").fetchall() == [("adm",)]
 
 
@@ -158,12 +160,12 @@ def test_revert_without_a_state_file_refuses(tmp_path, capsys, how):
     if how == "empty":
         state.write_bytes(b"")
     granted = tree(root)
-    config = (root / jas.DEFAULTS_FILE).read_text()
+    config = (root / jdir.DEFAULTS_FILE).read_text()
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 2 and out == ""
     assert f"{state} is {'missing' if how == 'deleted' else 'empty'}" in err
     assert "--strip" in err and "nothing changed" in err
-    assert tree(root) == granted and (root / jas.DEFAULTS_FILE).read_text() == config
+    assert tree(root) == granted and (root / jdir.DEFAULTS_FILE).read_text() == config
     assert state.exists() == (how == "empty")
     rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff", "--strip")
     assert rc == 0, (out, err)
@@ -176,7 +178,7 @@ def test_unknown_group_blocks_nothing_and_quiet_keeps_the_warning(tmp_path, caps
     os.chmod(machine / "system@1.journal", 0o600)
     before = tree(root)
     assert run(capsys, "apply", "--root", str(root), "-g", "staff")[0] == 0
-    (root / jas.DEFAULTS_FILE).write_text('JOURNAL_ACL_GROUPS="adm staff nosuch"\n')
+    (root / jdir.DEFAULTS_FILE).write_text('JOURNAL_ACL_GROUPS="adm staff nosuch"\n')
     rc, out, err = run(capsys, "revert", "--root", str(root), "--all", "-q")
     assert rc == 0 and out == ""
     assert err == (
@@ -198,6 +200,8 @@ def test_a_file_revert_cannot_reach_keeps_its_record(tmp_path, capsys):
     os.link(linked, tmp_path / "elsewhere")
     rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 1 and "not restored" in out and "hard links" in out
+    # the group stays applied, and revert says so rather than "done: forget staff"
+    assert "done: forget" not in out and "kept staff applied in " in out, out
     state = root / "var/lib/journal-acl-setup/acl-state.sqlite"
     with contextlib.closing(sqlite3.connect(state)) as db:
         assert db.execute("SELECT count(*) FROM acl WHERE gids != ''").fetchone()[0] == 1
@@ -397,3 +401,61 @@ def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
     assert rc == 0, out + err
     assert (W.GROUP, 5050) not in acl(late)
     assert (W.GROUP, 5060) in acl(late)
+
+
+def test_apply_killed_halfway_reverts_exactly(tmp_path, capsys):
+    """apply records and changes in one walk, each batch's records committed before
+    its changes: SIGKILL between two changes leaves no change without its record."""
+    import signal
+
+    from debadmin.journal_acl_setup import grant as jgrant
+
+    batch = 64
+    root, machine = image(tmp_path)
+    for i in range(3 * batch):
+        path = machine / f"system@{i:04d}.journal"
+        path.write_text("")
+        os.chmod(path, 0o600 if i % 2 else 0o640)
+    before = tree(root)
+    pid = os.fork()
+    if pid == 0:  # the child: apply in batches of 64, killed at its 84th change
+        try:
+            calls = [0]
+            real = W.Node.set_acls
+
+            def set_acls(node, access, default):
+                calls[0] += 1
+                if calls[0] == batch + 20:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(node, access, default)
+
+            W.Node.set_acls = set_acls
+            jgrant.batch_size = lambda: batch
+            jas.main(["apply", "--root", str(root), "-q", "-g", "staff"])
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    granted = sum("group:5050:r--" in line for line in tree(root)[0].splitlines())
+    assert batch <= granted < 2 * batch  # halfway indeed
+    rc, out, err = run(capsys, "revert", "--root", str(root), "-g", "staff")
+    assert rc == 0, (out, err)
+    assert tree(root) == before
+
+
+def test_batch_size_follows_the_descriptor_limit():
+    """The soft descriptor limit is raised (up to the hard one) to make room for a batch."""
+    import resource
+
+    from debadmin.journal_acl_setup import grant as jgrant
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        room = jgrant.BATCH_MAX + 256
+        if hard != resource.RLIM_INFINITY:
+            room = min(room, hard)
+        assert jgrant.batch_size() == max(16, min(jgrant.BATCH_MAX, room - 256))
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == max(300, room)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

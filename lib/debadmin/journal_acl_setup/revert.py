@@ -38,15 +38,16 @@ G = walker.GROUP
 class Outcome:
     """What one revert walk did: paths changed (would change), problems as (path or
     None, message), what it passed over and only says (symbolic links...), the records
-    it met (their keys)."""
+    it met (the setup records' keys; the others counted)."""
 
-    __slots__ = ("touched", "problems", "notes", "met")
+    __slots__ = ("touched", "problems", "notes", "met", "met_count")
 
     def __init__(self) -> None:
         self.touched = 0
         self.problems: List[Tuple[Optional[str], str]] = []
         self.notes: List[str] = []
-        self.met: Set[Tuple[int, int]] = set()
+        self.met: Set[Tuple[int, int]] = set()  # the journal's setup records met
+        self.met_count = 0  # records of the groups met: counted, not kept (200,000 of them)
 
 
 def _gids_in(entries: Optional[Entries]) -> Set[int]:
@@ -82,29 +83,40 @@ def revoke(
     store: Any,
     dry_run: bool,
     strip: bool = False,
+    setup: bool = False,
+    stock: Set[int] = frozenset(),
 ) -> Outcome:
     """Revert the groups gone under the directory open as journal_fd (the caller
-    closes it).  See the module's docstring."""
+    closes it).  See the module's docstring.  setup: also give back what apply's setup
+    steps changed (ownership.py), where it is still what they left.  stock: gids of
+    gone whose entries on the journal directory are systemd's own unless recorded
+    (adm): not taken from files below it that apply did not record."""
     outcome = Outcome()
     skips = walker.Skips()
-    from_apply: Dict[str, Set[int]] = {}  # directory -> gids its default ACL has from apply
+    # directory -> gids its default ACL has from apply; the journal's parent: every
+    # group gone but systemd's own.
+    from_apply: Dict[str, Set[int]] = {journal.rpartition("/")[0]: set(gone) - set(stock)}
     state = None if strip else store
+    setups = state.setup_keys() if setup and state is not None else set()
+    # The records naming the groups, counted before the walk: those it does not meet
+    # (moved out, hard-linked since) are what is left of them once it is done.
+    recorded = 0
+    if state is not None and state.db is not None:
+        recorded = sum(1 for _ in state.holding(gone))
     if state is not None and state.db is not None and not dry_run:
         state.begin()
     for node in walker.walk(journal_fd, journal, uids, skips):
         parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
         try:
-            if _node(node, gone, state, parent, from_apply, outcome, dry_run):
+            if _visit(node, setups, gone, state, parent, from_apply, outcome, dry_run):
                 outcome.touched += 1
         except walker.AclError as exc:
             outcome.problems.append((node.path, f"{exc} (its record is kept)"))
+    _unmet_setup(outcome, setups, journal)
     if state is not None and state.db is not None:
         if not dry_run:
             state.commit()
-        unmet = 0
-        for ino, gen, _named in state.holding(gone):
-            if (ino, gen) not in outcome.met:
-                unmet += 1
+        unmet = recorded - outcome.met_count
         if unmet:
             outcome.problems.append(
                 (
@@ -120,6 +132,30 @@ def revoke(
         else:
             outcome.notes.append(skip.message)
     return outcome
+
+
+def _visit(node, setups, gone, state, parent, from_apply, outcome, dry_run) -> bool:
+    """One inode: as the journal's setup recorded it (setups: their keys), or as any."""
+    if setups:
+        from debadmin.journal_acl_setup import state as acl_state
+
+        key = (node.st.st_ino, acl_state.generation(node.fd))
+        if key in setups:
+            return _setup_node(node, key, gone, state, parent, from_apply, outcome, dry_run)
+    return _node(node, gone, state, parent, from_apply, outcome, dry_run)
+
+
+def _unmet_setup(outcome: Outcome, setups: Set[Tuple[int, int]], journal: str) -> None:
+    unmet = setups - outcome.met
+    if unmet:
+        outcome.problems.append(
+            (
+                None,
+                f"{len(unmet)} of the journal's directories or active files whose "
+                f"owner, mode or ACLs apply set up were not found under {walker.shown(journal)}"
+                ": their records are kept for a later revert",
+            )
+        )
 
 
 def _node(
@@ -157,7 +193,7 @@ def _node(
     hit = gone & (gids | later)
     if not hit:
         return False
-    outcome.met.add(key)
+    outcome.met_count += 1
     if made != (access, default):
         # Changed since apply: take off what apply gave, leave the rest as it is.  An
         # entry it inherited from a reverted group is apply's, not one to give back.
@@ -201,6 +237,52 @@ def _keep(store, key, left, later, old_access, old_default, mode, base, base_def
         store.set_gids(*key, ())
     else:
         store.forget(*key)
+
+
+def _setup_node(
+    node: walker.Node,
+    key: Tuple[int, int],
+    gone: Set[int],
+    store: Any,
+    parent: Set[int],
+    from_apply: Dict[str, Set[int]],
+    outcome: Outcome,
+    dry_run: bool,
+) -> bool:
+    """An inode whose owner, mode or ACLs apply's setup steps changed (ownership.py):
+    first what apply granted it afterwards, as any inode; then, where it holds what the
+    setup steps left, what it held before them; else it is left as it is, a problem, its
+    record kept."""
+    from debadmin.journal_acl_setup import ownership
+
+    before = store.setup_lookup(*key)
+    default_before = walker.parse(before[4]) if node.is_dir else None
+    record = store.lookup(*key)
+    if record is not None:
+        _node(node, gone, store, parent, from_apply, outcome, dry_run)
+    if node.is_dir:
+        # What its default ACL held of gone after the setup steps and not before came
+        # from them (systemd-tmpfiles' lines for adm): files made since lose it too.
+        held = walker.parse(record[3]) if record is not None else node.acls()[1]
+        from_apply[node.path] = from_apply.get(node.path, set()) | (
+            gone & walker.named_gids(held) - walker.named_gids(default_before)
+        )
+    outcome.met.add(key)
+    if dry_run:
+        return True
+    after = before[5]
+    if after is not None and ownership.current(node) != after:
+        outcome.problems.append(
+            (
+                node.path,
+                f"{walker.shown(node.path)} was changed since apply set up its owner, mode "
+                "and ACLs: left as it is (its record is kept)",
+            )
+        )
+        return False
+    ownership.give_back(node, before)
+    store.forget_setup(*key)
+    return True
 
 
 def _set(

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
     # is_dir, mode, access, default, gids granted, gids inherited from apply's defaults
     Record = Tuple[int, int, bytes, bytes, Set[int], Set[int]]
+    # uid, gid, mode, access, default before apply's setup steps; what they left (or None)
+    SetupRecord = Tuple[int, int, int, bytes, bytes, Optional[bytes]]
 
 STATE_DIR = "var/lib/journal-acl-setup"
 STATE_FILE = "acl-state.sqlite"
@@ -44,7 +46,15 @@ CREATE TABLE IF NOT EXISTS acl (
     mode INTEGER NOT NULL, access BLOB NOT NULL, dflt BLOB NOT NULL, gids TEXT NOT NULL,
     later TEXT NOT NULL DEFAULT '', PRIMARY KEY (ino, gen));
 CREATE TABLE IF NOT EXISTS applied (name TEXT PRIMARY KEY, gid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS setup (
+    ino INTEGER NOT NULL, gen INTEGER NOT NULL, is_dir INTEGER NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, mode INTEGER NOT NULL,
+    access BLOB NOT NULL, dflt BLOB NOT NULL, after BLOB, PRIMARY KEY (ino, gen));
 """
+# setup: the journal directory, its machine directories and their system.journal as
+# apply found them before it set the directory's owner, group and mode and ran
+# systemd-tmpfiles (a hand-made journal), and (after) what they held once that was
+# done: revert --adm gives them back where they still hold that.
 
 
 def generation(fd: int) -> int:
@@ -57,6 +67,12 @@ def generation(fd: int) -> int:
 
 def _text(gids: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(set(gids)))
+
+
+def setup_key(st: os.stat_result, raw: Tuple[bytes, bytes]) -> bytes:
+    """Owner, group, mode and both ACL attributes of an inode, as one comparable value."""
+    head = struct.pack("<III", st.st_uid, st.st_gid, st.st_mode & 0o7777)
+    return head + struct.pack("<I", len(raw[0])) + raw[0] + raw[1]
 
 
 def state_path(root: Path) -> Path:
@@ -91,9 +107,7 @@ class Store:
                 uri = "file:" + urllib.parse.quote(str(self.path)) + f"?mode={mode}"
                 self.db = sqlite3.connect(uri, isolation_level=None, uri=True)
             self.db.execute("PRAGMA synchronous=FULL")
-            tables = {
-                row[0] for row in self.db.execute("SELECT name FROM sqlite_master")
-            }
+            tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master")}
             if create:
                 self.db.executescript(SCHEMA)
             elif not {"acl", "applied"} <= tables:
@@ -150,10 +164,15 @@ class Store:
         of nothing granted (kept: the inode held a group's entries before its first
         apply) is replaced by what the inode holds now."""
         record = self.lookup(ino, gen)
-        if record is None or not record[4] and (record[1], record[2], record[3]) != (
-            mode,
-            access,
-            dflt,
+        if (
+            record is None
+            or not record[4]
+            and (record[1], record[2], record[3])
+            != (
+                mode,
+                access,
+                dflt,
+            )
         ):
             self._run(
                 "INSERT OR REPLACE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
@@ -210,6 +229,53 @@ class Store:
             for gid in (_ids(granted) | _ids(inherited)) - known:
                 counts[gid] = counts.get(gid, 0) + 1
         return counts
+
+    def record_setup(self, ino: int, gen: int, is_dir: bool, st: os.stat_result, raw) -> None:
+        """What an inode held before apply's setup steps; the first record is kept."""
+        self._run(
+            "INSERT OR IGNORE INTO setup (ino, gen, is_dir, uid, gid, mode, access, dflt)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (ino, gen, int(is_dir), st.st_uid, st.st_gid, st.st_mode, raw[0], raw[1]),
+        )
+
+    def setup_after(self, ino: int, gen: int, st: os.stat_result, raw) -> None:
+        """What a recorded inode holds once apply's setup steps are done (set once)."""
+        self._run(
+            "UPDATE setup SET after = ? WHERE ino = ? AND gen = ? AND after IS NULL",
+            (setup_key(st, raw), ino, gen),
+        )
+
+    def setup_lookup(self, ino: int, gen: int) -> Optional[SetupRecord]:
+        """(uid, gid, mode, access, default, after) recorded before the setup steps."""
+        if not self.has_setup():
+            return None
+        row = self.db.execute(
+            "SELECT uid, gid, mode, access, dflt, after FROM setup WHERE ino = ? AND gen = ?",
+            (ino, gen),
+        ).fetchone()
+        if row is None:
+            return None
+        after = None if row[5] is None else bytes(row[5])
+        return (row[0], row[1], row[2], bytes(row[3]), bytes(row[4]), after)
+
+    def setup_keys(self) -> Set[Tuple[int, int]]:
+        """The inodes recorded before the setup steps (a handful: the journal directory,
+        its machine directories and their active files)."""
+        if not self.has_setup():
+            return set()
+        return {(ino, gen) for ino, gen in self.db.execute("SELECT ino, gen FROM setup")}
+
+    def has_setup(self) -> bool:
+        if self.db is None:
+            return False
+        return bool(
+            self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'setup'"
+            ).fetchone()
+        )
+
+    def forget_setup(self, ino: int, gen: int) -> None:
+        self._run("DELETE FROM setup WHERE ino = ? AND gen = ?", (ino, gen))
 
     def forget(self, ino: int, gen: int) -> None:
         self._run("DELETE FROM acl WHERE ino = ? AND gen = ?", (ino, gen))

@@ -1,0 +1,203 @@
+"""journal-acl-setup: the grant: every group given read access and default ACLs under the journal, each
+inode recorded in the state before its change."""
+
+from __future__ import annotations  # annotations stay text: typing is never imported
+
+import os
+from pathlib import Path
+
+from debadmin.errors import Error
+from debadmin.journal_acl_setup import walk as walker
+from debadmin.journal_acl_setup.dropin import read_tmpfiles_dropin
+from debadmin.journal_acl_setup.groups import STOCK_GROUP
+from debadmin.journal_acl_setup.journaldir import acl_state, open_journal
+from debadmin.journal_acl_setup.messages import log
+from debadmin.journal_acl_setup.scan import State
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Set, Tuple
+
+
+# Changes waiting for their records' commit: descriptors kept open, one commit (fsyncs
+# of the state file) per batch of up to BATCH_MAX, as the descriptor limit allows.
+BATCH_MAX = 4096
+
+
+def batch_size() -> int:
+    """How many changes may wait for their commit: as many descriptors as the soft
+    limit leaves room for (raised up to the hard limit where that allows BATCH_MAX),
+    keeping a margin for the walk's own (one per directory level) and SQLite's."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = BATCH_MAX + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (OSError, ValueError):
+                pass
+    if soft == resource.RLIM_INFINITY:
+        return BATCH_MAX
+    return max(16, min(BATCH_MAX, soft - 256))
+
+
+def grant_tree(
+    journal: Path,
+    groups: Dict[str, int],
+    uids: Set[int],
+    store: Any,
+    say: Callable[[str], None],
+    first: Set[int] = frozenset(),
+    previous: Set[int] = frozenset(),
+) -> Tuple[walker.Skips, List[Tuple[str, str]]]:
+    """Give every group read access and a default ACL, on each descriptor under journal.
+
+    Only what is missing is added (a named entry, the mask widened by the bits it needs,
+    no other entry gaining a right through it: walker.granted).  One walk, recording
+    and changing: what every inode to be changed holds now is recorded in store, and
+    the changes wait, their descriptors kept open, until a batch of BATCH records is
+    committed (on disk: SQLite syncs a commit); only then are they made.  BATCH is
+    batch_size(), up to BATCH_MAX where the descriptor limit allows.  A SIGKILL
+    anywhere leaves no change without its record.  Also recorded: an inode that holds
+    entries of a group applied for the first time (first), unchanged (so that revert
+    keeps them), and of an inode without a record, the groups applied before
+    (previous) whose entries it holds (inherited from apply's default ACLs: revert of
+    them takes them off).  A directory or file that refuses its ACL (a full
+    extended-attribute block: ENOSPC; EPERM; EROFS) is listed with the reason and the
+    walk goes on.  Returns what the walk skipped and what was refused.
+    """
+    gids = set(groups.values())
+    generation = acl_state().generation
+    batch = batch_size()
+    refused: List[Tuple[str, str]] = []
+    pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
+
+    def refuse(path: str, exc: walker.AclError) -> None:
+        refused.append((path, str(exc)))
+        say(f"not granted: {walker.shown(path)}: {exc.reason}")
+
+    def flush() -> None:
+        """Commit the batch's records, then make its changes."""
+        store.commit()
+        try:
+            for node, new_access, new_default in pending:
+                try:
+                    node.set_acls(new_access, new_default)
+                except walker.AclError as exc:
+                    refuse(node.path, exc)
+        finally:
+            for node, _, _ in pending:
+                os.close(node.fd)
+            pending.clear()
+            store.begin()
+
+    fd = open_journal(journal)
+    if fd is None:
+        raise Error(f"{journal} does not exist")
+    skips = walker.Skips()
+    try:
+        store.begin()
+        try:
+            for node in walker.walk(fd, str(journal), uids, skips):
+                try:
+                    raw = node.raw()  # read once: parsed here, recorded below
+                    access = walker.parse(raw[0]) or walker.from_mode(node.st.st_mode)
+                    default = walker.parse(raw[1])
+                except walker.AclError as exc:
+                    refuse(node.path, exc)
+                    continue
+                new_access, new_default = walker.grant_all(
+                    access, default, node.st.st_gid, gids, node.is_dir
+                )
+                new_access = new_access if new_access != access else None
+                new_default = new_default if new_default != default else None
+                holds = walker.named_gids(access) | walker.named_gids(default)
+                if new_access is None and new_default is None:
+                    if holds & first:
+                        key = (node.st.st_ino, generation(node.fd))
+                        if store.lookup(*key) is None:
+                            # What it holds of the groups applied before came from
+                            # apply's defaults (it has no record): revert of them takes
+                            # it off, as for an inode changed now.
+                            later = holds & previous
+                            store.record(*key, node.is_dir, node.st.st_mode, *raw, (), later)
+                    continue
+                key = (node.st.st_ino, generation(node.fd))
+                record = store.lookup(*key)
+                later = holds & previous if record is None else ()
+                store.record(*key, node.is_dir, node.st.st_mode, *raw, gids, later)
+                # The walk closes node.fd once it moves on: the change keeps its own.
+                kept = walker.Node(node.path, os.dup(node.fd), node.st, node.is_dir)
+                pending.append((kept, new_access, new_default))
+                if len(pending) >= batch:
+                    flush()
+            flush()
+        finally:
+            for node, _, _ in pending:  # an error before the batch's records were on disk
+                os.close(node.fd)
+            pending.clear()
+        store.commit()
+    finally:
+        os.close(fd)
+    return skips, refused
+
+
+def record_setup(root: Path, journal: Path, after: bool) -> None:
+    """Record what the journal directory, its machine directories and their active
+    files hold, before apply's setup steps (committed before the first) or after."""
+    from debadmin.journal_acl_setup import ownership
+
+    fd = open_journal(journal)
+    if fd is None:
+        raise Error(f"{journal} does not exist")
+    store = acl_state().Store(root, create=True)
+    try:
+        ownership.record(fd, str(journal), store, after)
+    finally:
+        store.close()
+        os.close(fd)
+
+
+def applied_groups(root: Path) -> Dict[str, int]:
+    """The groups the state database says were applied and not reverted, read only
+    ({} without a usable database)."""
+    store = acl_state().Store(root, create=False, read_only=True)
+    try:
+        return store.applied()
+    finally:
+        store.close()
+
+
+def granting(state: State, uids: Set[int]) -> None:
+    """The grant step of apply: the state database opened, the groups recorded as
+    applied (with those applied before), the tree walked, what it skipped logged and
+    what refused an ACL kept for the exit status."""
+    store = acl_state().Store(state.root, create=True)
+    try:
+        previous = store.applied()
+        # A group the drop-in names was applied before, and its record lost (the state
+        # file deleted): its entries now are apply's, not the admin's, and are not kept.
+        before = set(read_tmpfiles_dropin(state.root) or {}) | set(previous) | {STOCK_GROUP}
+        first = {g for n, g in state.groups.items() if n not in before}
+        lost = {g for n, g in state.groups.items() if n in before and n not in previous}
+        store.begin()
+        store.set_applied({**previous, **state.groups})
+        store.commit()
+        skips, refused = grant_tree(
+            state.journal,
+            state.groups,
+            set(uids),
+            store,
+            print,
+            first=first,
+            previous=set(previous.values()) | lost,
+        )
+    finally:
+        store.close()
+    for skip in skips.items():
+        log.warning("%s", skip.message)
+    state.refused = refused
