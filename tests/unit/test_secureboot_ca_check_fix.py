@@ -1743,3 +1743,80 @@ def test_libvirt_never_started_aarch64_vm_is_not_applicable(tmp_path, capsys):
     assert rc == 3 and err == "" and "domain arm (shut off): not-applicable" in out
     rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--quiet")
     assert (rc, out, err) == (3, "", "")
+
+
+def test_the_check_and_a_dry_run_open_the_file_read_only(tmp_path, capsys, fakes, monkeypatch):
+    """A read-only NVRAM file (a read-only mount, a copy without write permission) is
+    checked and dry-run fixed (the CA update and dbx's): opened O_RDONLY, no lock taken,
+    while a running VM's lock is still seen."""
+    if not OVMF_MS.exists():
+        pytest.skip("ovmf is not installed")
+    path = tmp_path / "VARS.fd"
+    shutil.copyfile(OVMF_MS, path)
+    original = path.read_bytes()
+    path.chmod(0o444)
+    opened = []
+    real_open = os.open
+
+    def spy(name, flags, *rest, **kwargs):
+        if os.fspath(name) == str(path):
+            opened.append(flags & os.O_ACCMODE)
+        return real_open(name, flags, *rest, **kwargs)
+
+    monkeypatch.setattr(os, "open", spy)
+    rc, out, err = run(capsys, "--varstore", str(path), "--json")
+    assert rc == 1 and err == "" and json.loads(out)["reports"][0]["source"]["path"] == str(path)
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", "--dry-run", *cert_args(fakes))
+    assert rc == 0 and "would add" in out and err == ""
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", "--dbx", "--dry-run", "--json")
+    assert rc == 0 and json.loads(out)["dbx"]["status"] == "planned" and err == ""
+    assert len(opened) == 3 and set(opened) == {os.O_RDONLY}, opened
+    assert path.read_bytes() == original and backups(path) == []
+    # Asking for a lock is not taking one: a running qemu's read lock is still found.
+    fd = real_open(path, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, 100, 1, 0))
+        rc, out, err = run(
+            capsys, "--varstore", str(path), "--fix", "--dry-run", *cert_args(fakes)
+        )
+    finally:
+        os.close(fd)
+    assert rc == 2 and "locked by another process" in err
+    # And the write itself still opens it for writing (refused here: not writable, unless
+    # root, who may write it anyway).
+    rc, out, err = run(capsys, "--varstore", str(path), "--fix", *cert_args(fakes))
+    assert opened[-1] == os.O_RDWR
+
+
+def test_libvirt_fix_dbx_is_refused_before_anything_is_read(tmp_path, capsys, monkeypatch):
+    """--libvirt --fix --dbx: each VM's ESP is in its own disk, so it is refused as a
+    usage error (exit 2, one line, a JSON object with --json), no domain read, no file
+    written; the way is --varstore with --esp."""
+    root = libvirt_host(tmp_path, False)
+    nvram = root / "var/lib/libvirt/qemu/nvram"
+    before = {p: p.read_bytes() for p in nvram.iterdir()}
+    from debadmin.secureboot_ca_check import libvirt
+
+    def never(*args, **kwargs):
+        raise AssertionError("a domain was read")
+
+    monkeypatch.setattr(libvirt, "cmd_libvirt", never)
+    for extra in ([], ["--dry-run"], ["--json"], ["--dbx-update", "DBX/amd64/DBXUpdate.bin"]):
+        rc, out, err = run(capsys, "--libvirt", "--root", str(root), "--fix", "--dbx", *extra)
+        assert rc == 2 and len(err.splitlines()) == 1, (extra, err)
+        assert "--fix --dbx does not take --libvirt" in err and "--esp" in err
+        if "--json" in extra:
+            doc = json.loads(out)
+            assert doc["exit_status"] == 2 and "--libvirt" in doc["error"]
+        else:
+            assert out == ""
+    assert {p: p.read_bytes() for p in nvram.iterdir()} == before
+
+
+def test_a_block_device_fix_says_only_this_hosts_openers_are_seen():
+    """A VM on another cluster node, or qemu through librbd, holds no /dev node here."""
+    result = {"path": "/dev/pve/vm-100-disk-1", "added": [], "present": [], "unavailable": []}
+    assert not any("note:" in line for line in fix.render_fix(dict(result, format="raw"), True))
+    lines = fix.render_fix(dict(result, format="block device"), True)
+    (note,) = [line for line in lines if "note:" in line]
+    assert "another cluster node" in note and "librbd" in note and "qm status VMID" in note

@@ -157,3 +157,28 @@ def test_device_helpers(tmp_path):
     (proc / "43").mkdir()
     (proc / "43/comm").write_text("kvm\n")
     assert blockdev.command(proc, 43) == "kvm"
+
+
+@pytest.mark.needs_root
+def test_a_read_only_device_is_read_and_refused_for_writing(tmp_path):
+    """root opens a read-only device O_RDWR and only the write fails (EPERM): its
+    read-only flag is asked first."""
+    from debadmin.errors import Error
+    from debadmin.secureboot_ca_check import blockdev
+
+    image = padded(tmp_path)
+    try:
+        device = subprocess.run(
+            ["losetup", "--find", "--show", "--read-only", str(image)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no loop device here: {exc}")
+    try:
+        assert blockdev.read_device(Path(device))[:16] == image.read_bytes()[:16]
+        with pytest.raises(Error, match="a read-only block device"):
+            blockdev.open_device(Path(device), write=True)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)

@@ -2,8 +2,10 @@
 zvol, RBD): the store at the start of a larger volume, and who holds the device open."""
 
 import errno
+import fcntl
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -11,6 +13,7 @@ from debadmin.errors import Error
 from debadmin.secureboot_ca_check import efi
 
 PROC = Path("/proc")
+BLKROGET = 0x125E  # _IO(0x12, 94): the device's read-only flag (blockdev --getro)
 
 
 def is_block_device(path: Path) -> bool:
@@ -43,7 +46,15 @@ def open_device(path: Path, write: bool) -> int:
     if not stat.S_ISBLK(os.fstat(fd).st_mode):
         os.close(fd)
         raise Error(f"{path}: not a block device")
+    if write and read_only(fd):
+        # root opens a read-only device O_RDWR; only the write fails (EPERM).
+        os.close(fd)
+        raise Error(f"{path}: a read-only block device (blockdev --getro): nothing written")
     return fd
+
+
+def read_only(fd: int) -> bool:
+    return bool(struct.unpack("i", fcntl.ioctl(fd, BLKROGET, bytes(4)))[0])
 
 
 def device_size(fd: int) -> int:

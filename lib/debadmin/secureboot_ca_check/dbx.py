@@ -491,6 +491,7 @@ def render(result: dict) -> List[str]:
             lines.append(line)
     if result["backup"]:
         lines.append(f"  keys as they were saved in: {result['backup']}")
+    lines += fix.block_device_note(result)
     return lines
 
 
@@ -504,8 +505,6 @@ def output(args, result: dict, status: int) -> None:
 def cmd_fix_dbx(args) -> int:
     """--fix --dbx on this machine's efivarfs, an --efivars dump (--dry-run) or one
     --varstore file."""
-    if args.libvirt:
-        raise Error("--dbx works on this machine's firmware, an --efivars dump or --varstore")
     if args.varstore:
         return fix_varstore(args)
     return efivarfs.run_locked(args, fix_dbx)

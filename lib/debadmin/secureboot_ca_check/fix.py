@@ -521,10 +521,15 @@ def check_rewrite(
         raise Error(f"{source}: internal error: the rewritten store does not read back")
 
 
-def ofd_locked(fd: int) -> bool:
+def ofd_locked(fd: int, take: bool = True) -> bool:
     """Whether another open file description holds a lock on the file (qemu holds OFD
-    locks on the NVRAM file of a running VM); takes a write lock on it otherwise."""
+    read locks on the NVRAM file of a running VM); unless take is false, takes a write
+    lock on it otherwise.  take=False only asks (F_OFD_GETLK, which a descriptor opened
+    read-only may do: a --dry-run on a read-only file or device)."""
     lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    if not take:
+        found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lock)
+        return struct.unpack("hhqqi4x", found)[0] != fcntl.F_UNLCK
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
     except OSError as exc:
@@ -715,12 +720,16 @@ def fix_file(
     """Plan, and unless dry_run apply, the fix of one NVRAM file; the JSON result.
     planner (default plan_fix) makes the plan from the store's bytes (dbx.py's for dbx).
 
-    The lock taken before the file is read is held until the new file is in place."""
+    The lock taken before the file is read is held until the new file is in place.  A
+    dry run opens the file read-only and takes no lock (it asks whether another holds
+    one): it works on a file it may not write (a read-only mount, a copy without write
+    permission)."""
     refuse_packaged(path, root)
     if blockdev.is_block_device(path):
         return fix_device(path, certs, dry_run, root, planner)
+    mode = os.O_RDONLY if dry_run else os.O_RDWR
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Error(f"{path}: a symbolic link: name the NVRAM file itself") from None
@@ -730,7 +739,7 @@ def fix_file(
         if not stat.S_ISREG(info.st_mode):
             raise Error(f"{path}: not a regular file")
         os.set_blocking(fd, True)
-        if ofd_locked(fd):
+        if ofd_locked(fd, take=not dry_run):
             raise Error(f"{path} is locked by another process (a running VM?): shut it down first")
         seen = os.fstat(fd)
         data, image = read_store_file(handle, path)
@@ -876,7 +885,19 @@ def render_fix(result: dict, dry_run: bool) -> List[str]:
         lines.append(f"  backup of the original: {result['backup']}")
     if not result["added"]:
         lines.append("  nothing to change")
+    lines += block_device_note(result)
     return lines
+
+
+def block_device_note(result: dict) -> List[str]:
+    """What the held-open check of a block device cannot see."""
+    if result.get("format") != "block device":
+        return []
+    return [
+        "  note: only this host's processes were checked for the device: a VM running on "
+        "another cluster node, or a qemu using librbd, is not seen (on Proxmox VE, "
+        "'qm status VMID' on the VM's node must say stopped)"
+    ]
 
 
 # Without these two the report's verdict stays "action needed" (the others are advice).

@@ -387,6 +387,12 @@ def check_fix_modes(args: argparse.Namespace) -> bool:
         raise Error("--fix changes variables: no --shim or --textfile-dir")
     if args.efivars and (args.varstore or args.libvirt):
         raise Error("--fix works on one kind of source: --efivars, --varstore or --libvirt")
+    if args.dbx and args.libvirt:
+        # Each VM's boot path is inside its own disk, which --libvirt does not open.
+        raise Error(
+            "--fix --dbx does not take --libvirt: each VM's ESP must be checked first; fix "
+            "one shut-off VM with --varstore NVRAM_FILE --esp COPY_OF_ITS_ESP; nothing written"
+        )
     firmware = not (args.varstore or args.libvirt)
     if args.cert and firmware:
         raise Error("--cert goes with --varstore or --libvirt: firmware takes signed updates")
