@@ -310,19 +310,38 @@ def scenarios(draw):
     return spec, groups, reverts, hand
 
 
+def _as_drawn(scenario):
+    """A scenario written as root draws it, as nodes() draws it for this user: not root,
+    every node the user's own, with the owner bits that let the walk (and getfacl -R)
+    read it."""
+    spec, groups, reverts, hand = scenario
+    if ROOT:
+        return scenario
+    drawn = []
+    for path, is_dir, _, _, access, default in spec:
+        bits = 7 if is_dir else 6
+        owned = {**access, (USER_OBJ, U): access[(USER_OBJ, U)] | bits}
+        if default is not None:
+            default = {**default, (USER_OBJ, U): default[(USER_OBJ, U)] | bits}
+        drawn.append((path, is_dir, OWNERS[0], GIDS[0], owned, default))
+    return drawn, groups, reverts, hand
+
+
 # Found by hypothesis: a file made after the first apply, in a directory whose own
 # default ACL already named the second group, is recorded unchanged by the second apply
 # and must still lose what the first apply's default gave it.
 _A = 4294967295  # the id of an entry that names no one
 _BASE = {(1, _A): 0, (4, _A): 0, (32, _A): 0}
-INHERITED_BEFORE_SECOND_APPLY = (
-    [
-        ("d0", True, 0, 0, _BASE, {**_BASE, (8, 5060): 4, (16, _A): 4}),
-        ("f1", False, 0, 0, _BASE, None),
-    ],
-    [5050, 5060],
-    [5050, 5060],
-    [(1, "create", "d0", None)],
+INHERITED_BEFORE_SECOND_APPLY = _as_drawn(
+    (
+        [
+            ("d0", True, 0, 0, _BASE, {**_BASE, (8, 5060): 4, (16, _A): 4}),
+            ("f1", False, 0, 0, _BASE, None),
+        ],
+        [5050, 5060],
+        [5050, 5060],
+        [(1, "create", "d0", None)],
+    )
 )
 
 
@@ -332,7 +351,7 @@ INHERITED_BEFORE_SECOND_APPLY = (
 # default ACL, needs nothing from the next group's apply (the directory's own default
 # ACL already gave it that group's entry), and must still lose the first group's entry.
 @example(
-    scenario=(
+    scenario=_as_drawn((
         [
             ("d0", True, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0},
              {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0, (GROUP, 88): 0,
@@ -342,12 +361,12 @@ INHERITED_BEFORE_SECOND_APPLY = (
         [5060, 5050],
         [5060, 5050],
         [(1, "create", "d0", None)],
-    )
+    ))
 )
 # Found by a random run: a file changed by hand after the first of three applies lost
 # its whole record at the first revert, so the third group's entry stayed for good.
 @example(
-    scenario=(
+    scenario=_as_drawn((
         [
             ("d1", True, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0},
              {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0, (GROUP, 88): 0,
@@ -357,7 +376,7 @@ INHERITED_BEFORE_SECOND_APPLY = (
         [5050, 5070, 5060],
         [5050, 5070, 5060],
         [(1, "chmod", "d1/f2", 0)],
-    )
+    ))
 )
 @example(INHERITED_BEFORE_SECOND_APPLY)
 def test_apply_then_revert_in_any_order_is_exact(scenario):
