@@ -127,9 +127,11 @@ def grant_tree(
                             store.record(*key, node.is_dir, node.st.st_mode, *raw, (), later)
                     continue
                 key = (node.st.st_ino, generation(node.fd))
-                record = store.lookup(*key)
-                later = holds & previous if record is None else ()
-                store.record(*key, node.is_dir, node.st.st_mode, *raw, gids, later)
+                # Most inodes have no record (a first apply: none has): one INSERT OR
+                # IGNORE records them; one that has a record gets record()'s rules.
+                mode, is_dir = node.st.st_mode, node.is_dir
+                if not store.record_new(*key, is_dir, mode, *raw, gids, holds & previous):
+                    store.record(*key, is_dir, mode, *raw, gids, ())
                 # The walk closes node.fd once it moves on: the change keeps its own.
                 kept = walker.Node(node.path, os.dup(node.fd), node.st, node.is_dir)
                 pending.append((kept, new_access, new_default))

@@ -182,6 +182,33 @@ class Store:
         elif not set(gids) <= record[4]:
             self.set_gids(ino, gen, record[4] | set(gids))
 
+    def record_new(
+        self,
+        ino: int,
+        gen: int,
+        is_dir: bool,
+        mode: int,
+        access: bytes,
+        dflt: bytes,
+        gids: Iterable[int],
+        later: Iterable[int] = (),
+    ) -> bool:
+        """record() for an inode without a record, in one statement: whether it had none
+        (and now has this one); where it has one, nothing is written (the caller then
+        looks it up and calls record()).  The same as lookup() finding None and record()
+        inserting, with one statement instead of three: a first apply's cost per file."""
+        if self.db is None:
+            raise Error(f"{self.path} is not open")
+        try:
+            cursor = self.db.execute(
+                "INSERT OR IGNORE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later)),
+            )
+        except sqlite3.Error as exc:
+            raise Error(f"cannot write {self.path}: {exc}") from None
+        return cursor.rowcount == 1
+
     def set_gids(self, ino: int, gen: int, gids: Iterable[int]) -> None:
         self._run("UPDATE acl SET gids = ? WHERE ino = ? AND gen = ?", (_text(gids), ino, gen))
 
