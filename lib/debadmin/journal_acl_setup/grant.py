@@ -133,8 +133,7 @@ def grant_tree(
                 if not store.record_new(*key, is_dir, mode, *raw, gids, holds & previous):
                     store.record(*key, is_dir, mode, *raw, gids, ())
                 # The walk closes node.fd once it moves on: the change keeps its own.
-                kept = walker.Node(node.path, os.dup(node.fd), node.st, node.is_dir)
-                pending.append((kept, new_access, new_default))
+                pending.append((node.take(), new_access, new_default))
                 if len(pending) >= batch:
                     flush()
             flush()

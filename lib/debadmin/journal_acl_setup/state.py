@@ -66,6 +66,8 @@ def generation(fd: int) -> int:
 
 
 def _text(gids: Iterable[int]) -> str:
+    if not gids:  # most records: nothing inherited
+        return ""
     return ",".join(str(g) for g in sorted(set(gids)))
 
 
@@ -79,8 +81,16 @@ def state_path(root: Path) -> Path:
     return root / STATE_DIR / STATE_FILE
 
 
+_IDS: Dict[str, frozenset] = {}  # the few distinct texts of a state file, parsed once
+
+
 def _ids(text: str) -> Set[int]:
-    return {int(g) for g in text.split(",") if g}
+    ids = _IDS.get(text)
+    if ids is None:
+        ids = frozenset(int(g) for g in text.split(",") if g)
+        if len(_IDS) < 1024:
+            _IDS[text] = ids
+    return set(ids)
 
 
 class Store:

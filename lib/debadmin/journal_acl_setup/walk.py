@@ -182,6 +182,16 @@ class Node:
         self.path, self.fd, self.st, self.is_dir = path, fd, st, is_dir
         self.files: List[FileRead] = []
 
+    def take(self) -> "Node":
+        """This node with a descriptor of its own, kept open after the walk moves on
+        (the caller closes it): a file's own, handed over (the walk no longer closes
+        it), a directory's a duplicate (the walk still reads the directory)."""
+        if self.is_dir:
+            return Node(self.path, os.dup(self.fd), self.st, True)
+        taken = Node(self.path, self.fd, self.st, False)
+        self.fd = -1
+        return taken
+
     def raw(self) -> Tuple[bytes, bytes]:
         """The access and default ACL attributes as the kernel keeps them (b"" for none),
         read on the descriptor: what the verdict cache keys on, and what acls() parses."""
@@ -835,9 +845,14 @@ def _visit(
                 return
             yield from _walk(fd, path, st, depth + 1, ctx)
         else:
-            yield Node(path, fd, st, False)
+            node = Node(path, fd, st, False)
+            try:
+                yield node
+            finally:
+                fd = node.fd  # -1 where the caller took it (Node.take)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def _unreadable(path: str, exc: OSError, verb: str) -> Skip:
