@@ -2,17 +2,17 @@
 redirected.
 
 Every directory is opened relative to its parent's descriptor with O_NOFOLLOW, every file
-too, and ACLs are read and set on those descriptors with python3-pylibacl (posix1e).  A
+too, and ACLs are read and set on those descriptors: their attributes (posixacl) with
+fgetxattr and fsetxattr, the system calls and bytes libacl's acl_get_fd/acl_set_fd use.  A
 name swapped for a symbolic link between the directory read and the open fails with ELOOP
 instead of leading elsewhere; a directory renamed away while it is walked is still the
 directory that was opened.
 
 A directory's default ACL is read and set through its descriptor's magic link,
-/proc/self/fd/N: libacl's acl_get_file/acl_set_file (posix1e.ACL(filedef=...) and
-applyto(path, ACL_TYPE_DEFAULT)) take a path only, and the kernel resolves that link to
-the open inode itself, with no name lookup an attacker could redirect.  applyto(fd,
-ACL_TYPE_DEFAULT) is no way round it: pylibacl 0.7 ignores the type for a descriptor and
-sets the access ACL instead.
+/proc/self/fd/N: there is no descriptor call for it (libacl's acl_get_file/acl_set_file
+take a path too, and pylibacl 0.7's applyto(fd, ACL_TYPE_DEFAULT) ignores the type and
+sets the access ACL), and the kernel resolves that link to the open inode itself, with no
+name lookup an attacker could redirect.
 
 check reads regular files without opening them (walk(..., open_files=False)): an
 fstatat on the directory's descriptor (AT_SYMLINK_NOFOLLOW) and an lgetxattr of the bare
