@@ -16,7 +16,10 @@ from debadmin.journal_acl_setup.scan import State
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Set, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+    Entries = Dict[Tuple[int, int], int]
+    Verdict = Tuple[Optional[Entries], Optional[Entries], Set[int]]
 
 
 # Changes waiting for their records' commit: descriptors kept open, one commit (fsyncs
@@ -43,6 +46,23 @@ def batch_size() -> int:
     if soft == resource.RLIM_INFINITY:
         return BATCH_MAX
     return max(16, min(BATCH_MAX, soft - 256))
+
+
+VERDICTS_MAX = 4096  # distinct (attributes, mode, group, type) remembered by one walk
+
+
+def _verdict(raw: Tuple[bytes, bytes], st: os.stat_result, gids: Set[int], is_dir: bool):
+    """What apply makes of an inode's ACLs (raw: its attributes): the new access and
+    default ACL (None: left as they are) and the gids its ACLs name.  The entries are
+    shared by every inode with the same verdict: never changed in place."""
+    access = walker.parse(raw[0]) or walker.from_mode(st.st_mode)
+    default = walker.parse(raw[1])
+    new_access, new_default = walker.grant_all(access, default, st.st_gid, gids, is_dir)
+    return (
+        new_access if new_access != access else None,
+        new_default if new_default != default else None,
+        walker.named_gids(access) | walker.named_gids(default),
+    )
 
 
 def grant_tree(
@@ -72,6 +92,9 @@ def grant_tree(
     """
     gids = set(groups.values())
     generation = acl_state().generation
+    # What apply makes of an inode depends on its attributes, mode, group and type
+    # alone, and a journal has a few distinct ones: each worked out once.
+    verdicts: Dict[Tuple[bytes, bytes, int, int, bool], Verdict] = {}
     batch = batch_size()
     refused: List[Tuple[str, str]] = []
     pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
@@ -105,17 +128,20 @@ def grant_tree(
             for node in walker.walk(fd, str(journal), uids, skips):
                 try:
                     raw = node.raw()  # read once: parsed here, recorded below
-                    access = walker.parse(raw[0]) or walker.from_mode(node.st.st_mode)
-                    default = walker.parse(raw[1])
                 except walker.AclError as exc:
                     refuse(node.path, exc)
                     continue
-                new_access, new_default = walker.grant_all(
-                    access, default, node.st.st_gid, gids, node.is_dir
-                )
-                new_access = new_access if new_access != access else None
-                new_default = new_default if new_default != default else None
-                holds = walker.named_gids(access) | walker.named_gids(default)
+                seen = (*raw, node.st.st_mode, node.st.st_gid, node.is_dir)
+                verdict = verdicts.get(seen)
+                if verdict is None:
+                    try:
+                        verdict = _verdict(raw, node.st, gids, node.is_dir)
+                    except walker.AclError as exc:
+                        refuse(node.path, exc)
+                        continue
+                    if len(verdicts) < VERDICTS_MAX:
+                        verdicts[seen] = verdict
+                new_access, new_default, holds = verdict
                 if new_access is None and new_default is None:
                     if holds & first:
                         key = (node.st.st_ino, generation(node.fd))
@@ -127,12 +153,13 @@ def grant_tree(
                             store.record(*key, node.is_dir, node.st.st_mode, *raw, (), later)
                     continue
                 key = (node.st.st_ino, generation(node.fd))
-                record = store.lookup(*key)
-                later = holds & previous if record is None else ()
-                store.record(*key, node.is_dir, node.st.st_mode, *raw, gids, later)
+                # Most inodes have no record (a first apply: none has): one INSERT OR
+                # IGNORE records them; one that has a record gets record()'s rules.
+                mode, is_dir = node.st.st_mode, node.is_dir
+                if not store.record_new(*key, is_dir, mode, *raw, gids, holds & previous):
+                    store.record(*key, is_dir, mode, *raw, gids, ())
                 # The walk closes node.fd once it moves on: the change keeps its own.
-                kept = walker.Node(node.path, os.dup(node.fd), node.st, node.is_dir)
-                pending.append((kept, new_access, new_default))
+                pending.append((node.take(), new_access, new_default))
                 if len(pending) >= batch:
                     flush()
             flush()

@@ -158,6 +158,14 @@ def _unmet_setup(outcome: Outcome, setups: Set[Tuple[int, int]], journal: str) -
         )
 
 
+# What an inode holds, parsed, and what apply made of a record, depend on the attributes,
+# mode, group, gids and type alone, and a journal has a few distinct ones: each worked out
+# once (up to MEMO_MAX).  The entries are shared: read only, never changed in place.
+MEMO_MAX = 4096
+_HELD: Dict[Tuple[bytes, bytes, int, bool], Tuple[Entries, Optional[Entries]]] = {}
+_MADE: Dict[tuple, Tuple[Optional[Entries], Tuple[Entries, Optional[Entries]]]] = {}
+
+
 def _node(
     node: walker.Node,
     gone: Set[int],
@@ -169,8 +177,16 @@ def _node(
 ) -> bool:
     """Revert one inode; whether it changed (would change)."""
     access_raw, default_raw = node.raw()
-    access = walker.parse(access_raw) or walker.from_mode(node.st.st_mode)
-    default = walker.parse(default_raw) if node.is_dir else None
+    seen = (access_raw, default_raw, node.st.st_mode, node.is_dir)
+    held = _HELD.get(seen)
+    if held is None:
+        held = (
+            walker.parse(access_raw) or walker.from_mode(node.st.st_mode),
+            walker.parse(default_raw) if node.is_dir else None,
+        )
+        if len(_HELD) < MEMO_MAX:
+            _HELD[seen] = held
+    access, default = held
     record = None
     if store is not None and store.db is not None:
         from debadmin.journal_acl_setup import state as acl_state
@@ -183,9 +199,16 @@ def _node(
             from_apply[node.path] = parent & walker.named_gids(default)
         return _set(node, access, default, strip, None, None, dry_run)
     _, mode, _, _, gids, later = record
-    base = walker.parse(record[2]) or walker.from_mode(mode)
-    base_default = walker.parse(record[3]) if node.is_dir else None
-    made = walker.grant_all(base, base_default, node.st.st_gid, gids, node.is_dir)
+    seen = (record[2], record[3], mode, node.st.st_gid, frozenset(gids), node.is_dir)
+    applied = _MADE.get(seen)
+    if applied is None:
+        base = walker.parse(record[2]) or walker.from_mode(mode)
+        base_default = walker.parse(record[3]) if node.is_dir else None
+        made = walker.grant_all(base, base_default, node.st.st_gid, gids, node.is_dir)
+        applied = (base_default, made)
+        if len(_MADE) < MEMO_MAX:
+            _MADE[seen] = applied
+    base_default, made = applied
     if node.is_dir:
         from_apply[node.path] = later | {
             g for g in gids if (base_default or {}).get((G, g)) != (made[1] or {}).get((G, g))

@@ -2,17 +2,17 @@
 redirected.
 
 Every directory is opened relative to its parent's descriptor with O_NOFOLLOW, every file
-too, and ACLs are read and set on those descriptors with python3-pylibacl (posix1e).  A
+too, and ACLs are read and set on those descriptors: their attributes (posixacl) with
+fgetxattr and fsetxattr, the system calls and bytes libacl's acl_get_fd/acl_set_fd use.  A
 name swapped for a symbolic link between the directory read and the open fails with ELOOP
 instead of leading elsewhere; a directory renamed away while it is walked is still the
 directory that was opened.
 
 A directory's default ACL is read and set through its descriptor's magic link,
-/proc/self/fd/N: libacl's acl_get_file/acl_set_file (posix1e.ACL(filedef=...) and
-applyto(path, ACL_TYPE_DEFAULT)) take a path only, and the kernel resolves that link to
-the open inode itself, with no name lookup an attacker could redirect.  applyto(fd,
-ACL_TYPE_DEFAULT) is no way round it: pylibacl 0.7 ignores the type for a descriptor and
-sets the access ACL instead.
+/proc/self/fd/N: there is no descriptor call for it (libacl's acl_get_file/acl_set_file
+take a path too, and pylibacl 0.7's applyto(fd, ACL_TYPE_DEFAULT) ignores the type and
+sets the access ACL), and the kernel resolves that link to the open inode itself, with no
+name lookup an attacker could redirect.
 
 check reads regular files without opening them (walk(..., open_files=False)): an
 fstatat on the directory's descriptor (AT_SYMLINK_NOFOLLOW) and an lgetxattr of the bare
@@ -182,6 +182,16 @@ class Node:
         self.path, self.fd, self.st, self.is_dir = path, fd, st, is_dir
         self.files: List[FileRead] = []
 
+    def take(self) -> "Node":
+        """This node with a descriptor of its own, kept open after the walk moves on
+        (the caller closes it): a file's own, handed over (the walk no longer closes
+        it), a directory's a duplicate (the walk still reads the directory)."""
+        if self.is_dir:
+            return Node(self.path, os.dup(self.fd), self.st, True)
+        taken = Node(self.path, self.fd, self.st, False)
+        self.fd = -1
+        return taken
+
     def raw(self) -> Tuple[bytes, bytes]:
         """The access and default ACL attributes as the kernel keeps them (b"" for none),
         read on the descriptor: what the verdict cache keys on, and what acls() parses."""
@@ -207,12 +217,17 @@ class Node:
         return parse(access) or from_mode(self.st.st_mode), parse(default)
 
     def set_acls(self, access: Optional[Entries], default: Optional[Entries]) -> None:
-        """Write the ACLs given (None: leave that one alone), on the descriptor."""
+        """Write the ACLs given (None: leave that one alone), on the descriptor.
+
+        The attribute packed here (posixacl.pack, in the kernel's order) and set with
+        fsetxattr (a directory's default ACL with setxattr on its magic link) is what
+        libacl's acl_set_fd and acl_set_file write: the same system calls, the same
+        bytes (test_posixacl), without building a posix1e.ACL entry by entry."""
         try:
             if access is not None:
-                to_acl(access).applyto(self.fd)
+                os.setxattr(self.fd, ACCESS_XATTR, posixacl.pack(access))
             if default is not None and self.is_dir:
-                to_acl(default).applyto(magic_link(self.fd), posix1e.ACL_TYPE_DEFAULT)
+                os.setxattr(magic_link(self.fd), DEFAULT_XATTR, posixacl.pack(default))
         except OSError as exc:
             reason = _proc_hint(exc)
             raise AclError(f"cannot set the ACL of {shown(self.path)}: {reason}", reason) from None
@@ -830,9 +845,14 @@ def _visit(
                 return
             yield from _walk(fd, path, st, depth + 1, ctx)
         else:
-            yield Node(path, fd, st, False)
+            node = Node(path, fd, st, False)
+            try:
+                yield node
+            finally:
+                fd = node.fd  # -1 where the caller took it (Node.take)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def _unreadable(path: str, exc: OSError, verb: str) -> Skip:
