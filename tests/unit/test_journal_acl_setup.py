@@ -1198,7 +1198,7 @@ def test_refused_grant_is_listed_and_the_rest_granted(tmp_path, capsys, monkeypa
     for path in (remote / "full.journal", machine / "system@1.journal"):
         path.write_text("x")
         os.chmod(path, 0o640)
-    real = W.Node.set_acls
+    real = W.Node.set_attributes
 
     def set_acls(node, access, default):
         if node.path.endswith("full.journal"):
@@ -1208,7 +1208,7 @@ def test_refused_grant_is_listed_and_the_rest_granted(tmp_path, capsys, monkeypa
             )
         return real(node, access, default)
 
-    monkeypatch.setattr(W.Node, "set_acls", set_acls)
+    monkeypatch.setattr(W.Node, "set_attributes", set_acls)
     rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
     assert rc == 1, (out, err)
     assert f"not granted: {remote}/full.journal: No space left on device\n" in out, out
@@ -1305,3 +1305,33 @@ def test_a_hand_made_journal_is_recorded_before_its_setup_changes(tmp_path, caps
     now = os.stat(journal)
     assert (now.st_uid, now.st_gid, now.st_mode) == (made.st_uid, made.st_gid, made.st_mode)
     assert not (root / "var/lib/journal-acl-setup/acl-state.sqlite").exists()
+
+
+@needs_root
+def test_apply_reads_until_the_first_unreadable_file_a_dry_run_all(tmp_path, capsys):
+    """apply's scan before its grant walk stops at the first path a group cannot read
+    (the walk and the scan after it read them all); check and a dry run list each."""
+    root = make_image(tmp_path)
+    machine = root / "var/log/journal" / MACHINE_ID
+    machine.mkdir(parents=True)
+    for i in range(40):
+        (machine / f"system@{i:04d}.journal").write_text("")
+        os.chmod(machine / f"system@{i:04d}.journal", 0o600)
+    journal = root / "var/log/journal"
+    fd = jdir.open_journal(journal)
+    try:
+        uids = jdir.journal_uids(root)
+        full, checked = jscan.scan(fd, journal, {"staff": 5050}, uids, keep=50)
+        first, partly = jscan.scan(fd, journal, {"staff": 5050}, uids, keep=50, enough=True)
+    finally:
+        os.close(fd)
+    unreadable = [f for f in full if f["code"] == "unreadable"]
+    assert len(unreadable) == 40 and checked == 42, (checked, full)
+    assert [f["code"] for f in first] in (["unreadable"], ["no-default-acl"]), first
+    assert partly < checked
+    rc, out, _ = run_tool(capsys, "apply", "--root", str(root), "-g", "staff", "-n")
+    assert rc == 0 and out.count("would ") >= 2, out
+    rc, out, err = run_tool(capsys, "apply", "--root", str(root), "-g", "staff")
+    assert (rc, err) == (0, ""), out
+    rc, out, _ = run_tool(capsys, "check", "--root", str(root), "-g", "staff")
+    assert rc == 0 and "(42 paths checked)" in out, out

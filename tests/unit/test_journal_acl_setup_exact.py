@@ -382,7 +382,7 @@ def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
     os.chmod(late, 0o640)  # others do not read it: ops needs an entry, and a record
     assert (W.GROUP, 5050) in acl(late)
     assert run(capsys, "apply", "--root", str(root), "-g", "ops")[0] == 0
-    real, refused = W.Node.set_acls, []
+    real, refused = W.Node.set_attributes, []
 
     def refuse(node, access, default):
         if node.path.endswith("/late.journal") and not refused:
@@ -390,7 +390,7 @@ def test_a_refused_write_keeps_the_whole_record(tmp_path, capsys, monkeypatch):
             raise W.AclError(f"cannot set the ACL of {W.shown(node.path)}: refused", "refused")
         return real(node, access, default)
 
-    monkeypatch.setattr(W.Node, "set_acls", refuse)
+    monkeypatch.setattr(W.Node, "set_attributes", refuse)
     rc, out, _ = run(capsys, "revert", "--root", str(root), "-g", "staff")
     assert rc == 1 and refused
     shown = W.shown(refused[0])
@@ -421,7 +421,7 @@ def test_apply_killed_halfway_reverts_exactly(tmp_path, capsys):
     if pid == 0:  # the child: apply in batches of 64, killed at its 84th change
         try:
             calls = [0]
-            real = W.Node.set_acls
+            real = W.Node.set_attributes
 
             def set_acls(node, access, default):
                 calls[0] += 1
@@ -429,7 +429,7 @@ def test_apply_killed_halfway_reverts_exactly(tmp_path, capsys):
                     os.kill(os.getpid(), signal.SIGKILL)
                 return real(node, access, default)
 
-            W.Node.set_acls = set_acls
+            W.Node.set_attributes = set_acls
             jgrant.batch_size = lambda: batch
             jas.main(["apply", "--root", str(root), "-q", "-g", "staff"])
         finally:

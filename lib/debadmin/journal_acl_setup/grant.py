@@ -18,8 +18,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-    Entries = Dict[Tuple[int, int], int]
-    Verdict = Tuple[Optional[Entries], Optional[Entries], Set[int]]
+    Verdict = Tuple[Optional[bytes], Optional[bytes], Set[int]]
 
 
 # Changes waiting for their records' commit: descriptors kept open, one commit (fsyncs
@@ -53,14 +52,14 @@ VERDICTS_MAX = 4096  # distinct (attributes, mode, group, type) remembered by on
 
 def _verdict(raw: Tuple[bytes, bytes], st: os.stat_result, gids: Set[int], is_dir: bool):
     """What apply makes of an inode's ACLs (raw: its attributes): the new access and
-    default ACL (None: left as they are) and the gids its ACLs name.  The entries are
-    shared by every inode with the same verdict: never changed in place."""
+    default ACL attributes, packed (None: left as they are), and the gids its ACLs
+    name.  Shared by every inode with the same verdict."""
     access = walker.parse(raw[0]) or walker.from_mode(st.st_mode)
     default = walker.parse(raw[1])
     new_access, new_default = walker.grant_all(access, default, st.st_gid, gids, is_dir)
     return (
-        new_access if new_access != access else None,
-        new_default if new_default != default else None,
+        walker.posixacl.pack(new_access) if new_access != access else None,
+        None if new_default in (None, default) else walker.posixacl.pack(new_default),
         walker.named_gids(access) | walker.named_gids(default),
     )
 
@@ -98,18 +97,21 @@ def grant_tree(
     batch = batch_size()
     refused: List[Tuple[str, str]] = []
     pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
+    rows: List[tuple] = []  # their records, written in one statement before the commit
 
     def refuse(path: str, exc: walker.AclError) -> None:
         refused.append((path, str(exc)))
         say(f"not granted: {walker.shown(path)}: {exc.reason}")
 
     def flush() -> None:
-        """Commit the batch's records, then make its changes."""
+        """Write and commit the batch's records, then make its changes."""
+        store.record_many(rows)
+        rows.clear()
         store.commit()
         try:
             for node, new_access, new_default in pending:
                 try:
-                    node.set_acls(new_access, new_default)
+                    node.set_attributes(new_access, new_default)
                 except walker.AclError as exc:
                     refuse(node.path, exc)
         finally:
@@ -153,11 +155,10 @@ def grant_tree(
                             store.record(*key, node.is_dir, node.st.st_mode, *raw, (), later)
                     continue
                 key = (node.st.st_ino, generation(node.fd))
-                # Most inodes have no record (a first apply: none has): one INSERT OR
-                # IGNORE records them; one that has a record gets record()'s rules.
-                mode, is_dir = node.st.st_mode, node.is_dir
-                if not store.record_new(*key, is_dir, mode, *raw, gids, holds & previous):
-                    store.record(*key, is_dir, mode, *raw, gids, ())
+                # Most inodes have no record (a first apply: none has): the batch's
+                # records go in with one INSERT OR IGNORE; one that has a record gets
+                # record()'s rules (Store.record_many).
+                rows.append((*key, node.is_dir, node.st.st_mode, *raw, gids, holds & previous))
                 # The walk closes node.fd once it moves on: the change keeps its own.
                 pending.append((node.take(), new_access, new_default))
                 if len(pending) >= batch:

@@ -92,7 +92,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with locked(root, args.dry_run):
         configured = configured_groups(root) if args.group else names
         add_to_config = [n for n in groups if n not in configured]
-        state = inspect(root, groups, keep=LISTED)
+        # A dry run lists everything; apply stops reading at the first path a group
+        # cannot read (its grant walk goes through them all, and the scan after it too).
+        state = inspect(root, groups, keep=LISTED, enough=not args.dry_run)
         metrics.findings(state.findings)
         for item in state.findings:
             if item["code"] in ADMIN_CHOICE:

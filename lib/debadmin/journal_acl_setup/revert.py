@@ -102,9 +102,9 @@ def revoke(
     # (moved out, hard-linked since) are what is left of them once it is done.
     recorded = 0
     if state is not None and state.db is not None:
-        recorded = sum(1 for _ in state.holding(gone))
+        recorded = state.count_holding(gone)
     if state is not None and state.db is not None and not dry_run:
-        state.begin()
+        state.begin(defer=True)
     for node in walker.walk(journal_fd, journal, uids, skips):
         parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
         try:
@@ -166,6 +166,13 @@ _HELD: Dict[Tuple[bytes, bytes, int, bool], Tuple[Entries, Optional[Entries]]] =
 _MADE: Dict[tuple, Tuple[Optional[Entries], Tuple[Entries, Optional[Entries]]]] = {}
 
 
+def _generation():
+    """state.generation, the module imported on first use (sqlite3 with it)."""
+    from debadmin.journal_acl_setup.state import generation
+
+    return generation
+
+
 def _node(
     node: walker.Node,
     gone: Set[int],
@@ -189,9 +196,7 @@ def _node(
     access, default = held
     record = None
     if store is not None and store.db is not None:
-        from debadmin.journal_acl_setup import state as acl_state
-
-        key = (node.st.st_ino, acl_state.generation(node.fd))
+        key = (node.st.st_ino, _generation()(node.fd))
         record = store.lookup(*key)
     if record is None:
         strip = gone if store is None else gone & parent
@@ -223,15 +228,39 @@ def _node(
         old_access, old_default, mode, base, base_default = _without(record, gone, node.is_dir)
         changed = _set(node, access, default, hit, base, base_default, dry_run)
         if not dry_run:
-            _keep(store, key, gids - gone, later - gone, old_access, old_default, mode, base,
-                  base_default)
+            _keep(
+                store,
+                key,
+                gids - gone,
+                later - gone,
+                old_access,
+                old_default,
+                mode,
+                base,
+                base_default,
+            )
         return changed
     return _restore(node, key, record, made, gone, store, dry_run)
 
 
+_WITHOUT: Dict[tuple, tuple] = {}
+_TARGET: Dict[tuple, tuple] = {}
+
+
 def _without(record: Any, gone: Set[int], is_dir: bool):
     """The record's raw access and default ACL, mode, and parsed entries, without the
-    entries it inherited from a group in gone (apply's, not the inode's own)."""
+    entries it inherited from a group in gone (apply's, not the inode's own).  Worked
+    out once per distinct record (up to MEMO_MAX); shared, never changed in place."""
+    seen = (record[1], record[2], record[3], frozenset(gone & record[5]), is_dir)
+    found = _WITHOUT.get(seen)
+    if found is None:
+        found = _without_once(record, gone, is_dir)
+        if len(_WITHOUT) < MEMO_MAX:
+            _WITHOUT[seen] = found
+    return found
+
+
+def _without_once(record: Any, gone: Set[int], is_dir: bool):
     _, mode, old_access, old_default, _, later = record
     base = walker.parse(old_access) or walker.from_mode(mode)
     base_default = walker.parse(old_default) if is_dir else None
@@ -363,13 +392,22 @@ def _restore(
             else:
                 store.forget(*key)
         return True
-    target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
+    seen = (old_access, old_default, mode, node.st.st_gid, frozenset(left), node.is_dir)
+    found = _TARGET.get(seen)
+    if found is None:
+        target = walker.grant_all(base, base_default, node.st.st_gid, left, node.is_dir)
+        packed = walker.posixacl.pack(target[0])
+        default = None if target[1] is None else walker.posixacl.pack(target[1])
+        found = (target, packed, default)
+        if len(_TARGET) < MEMO_MAX:
+            _TARGET[seen] = found
+    target, packed_access, packed_default = found
     if target == made:
         if not dry_run:
             rebase()
         return bool(inherited)
     if not dry_run:
-        node.set_acls(target[0], target[1] if node.is_dir else None)
+        node.set_attributes(packed_access, packed_default if node.is_dir else None)
         rebase()
         store.set_gids(*key, left)
     return True

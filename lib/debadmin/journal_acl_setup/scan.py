@@ -86,7 +86,12 @@ def skip_findings(skips: walker.Skips) -> List[Finding]:
 
 
 def scan(
-    fd: int, journal: Path, groups: Dict[str, int], uids: Set[int], keep: Optional[int] = None
+    fd: int,
+    journal: Path,
+    groups: Dict[str, int],
+    uids: Set[int],
+    keep: Optional[int] = None,
+    enough: bool = False,
 ) -> Tuple[List[Finding], int]:
     """What each group cannot read under the journal, and how many paths were read.
 
@@ -98,6 +103,9 @@ def scan(
 
     keep: list at most that many paths per group and finding code, and one line for
     the rest (apply needs to know what is missing, not 200,000 names of it).
+
+    enough: stop at the first path a group cannot read or inherit from: what apply needs
+    to know before its grant walk (it scans the whole tree again once that is done).
     """
     skips = walker.Skips()
     counts: Dict[Tuple[str, str], int] = {}
@@ -138,8 +146,11 @@ def scan(
     # passes over them are ~1.5 ms of a 5,000-file check for nothing.
     collecting = gc.isenabled()
     gc.disable()
+    nodes = walker.walk(fd, str(journal), uids, skips, open_files=False)
     try:
-        for node in walker.walk(fd, str(journal), uids, skips, open_files=False):
+        for node in nodes:
+            if enough and counts:
+                break
             if node.fd < 0:  # a batch of the directory's files, read by name
                 count += len(node.files)
                 prefix = node.path + "/"
@@ -166,6 +177,7 @@ def scan(
                 for name in no_inherit:
                     note(no_default[name], name, "no-default-acl", node.path)
     finally:
+        nodes.close()  # its descriptors, where it stopped early
         if collecting:
             gc.enable()
     found: List[Finding] = []
@@ -204,8 +216,10 @@ def scan(
     return found + skip_findings(skips), count
 
 
-def inspect(root: Path, groups: Dict[str, int], keep: Optional[int] = None) -> State:
-    """Compare the journal directory with what check requires."""
+def inspect(
+    root: Path, groups: Dict[str, int], keep: Optional[int] = None, enough: bool = False
+) -> State:
+    """Compare the journal directory with what check requires (enough: see scan)."""
     require_journald(root)
     jgid = journal_gid(root)
     check_paths(root)
@@ -245,7 +259,7 @@ def inspect(root: Path, groups: Dict[str, int], keep: Optional[int] = None) -> S
             found.append(
                 finding("journal-ownership", "action", f"{journal}: {problem}", str(journal))
             )
-        tree, checked = scan(fd, journal, groups, journal_uids(root), keep)
+        tree, checked = scan(fd, journal, groups, journal_uids(root), keep, enough)
     finally:
         os.close(fd)
     return State(root, journal, groups, storage, source, True, found + tree + boot, checked)

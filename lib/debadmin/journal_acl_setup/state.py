@@ -30,7 +30,7 @@ from debadmin.errors import Error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Iterable, Iterator, Optional, Set, Tuple
+    from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
     # is_dir, mode, access, default, gids granted, gids inherited from apply's defaults
     Record = Tuple[int, int, bytes, bytes, Set[int], Set[int]]
@@ -93,6 +93,9 @@ def _ids(text: str) -> Set[int]:
     return set(ids)
 
 
+DEFERRED_MAX = 4096  # deferred writes kept before they go in
+
+
 class Store:
     """The state database, opened for one apply or revert (under the tool's lock).
 
@@ -106,6 +109,12 @@ class Store:
         self.db: Optional[sqlite3.Connection] = None
         self.usable = False
         self.later = False
+        # Writes of one inode's record waiting to go in with the next ones of the same
+        # statement (executemany) during a deferring transaction; their keys, so that a
+        # read of one of them writes them first.
+        self._queue: List[Tuple[str, tuple]] = []
+        self._queued: Set[Tuple[int, int]] = set()
+        self._deferring = False
         if not create and not self.path.exists():
             return
         try:
@@ -136,20 +145,61 @@ class Store:
         self.usable = True
 
     def close(self) -> None:
+        self._queue.clear()  # never committed: what SQLite's rollback drops anyway
+        self._queued.clear()
+        self._deferring = False
         if self.db is not None:
             self.db.close()
             self.db = None
 
     def applied(self) -> Dict[str, int]:
+        self._drain()
         if self.db is None:
             return {}
         return dict(self.db.execute("SELECT name, gid FROM applied ORDER BY name"))
 
-    def begin(self) -> None:
+    def begin(self, defer: bool = False) -> None:
+        """Start a transaction; defer: the writes of records (set_gids, set_base,
+        forget, forget_setup) wait, in order, to go in together (a revert's cost per
+        inode), each written before its inode's record is read again, all before the
+        commit."""
         self._run("BEGIN IMMEDIATE")
+        self._deferring = defer
 
     def commit(self) -> None:
+        self._drain()
+        self._deferring = False
         self._run("COMMIT")
+
+    def _write(self, sql: str, params: tuple, key: Tuple[int, int]) -> None:
+        if not self._deferring:
+            self._run(sql, params)
+            return
+        self._queue.append((sql, params))
+        self._queued.add(key)
+        if len(self._queue) >= DEFERRED_MAX:
+            self._drain()
+
+    def _drain(self) -> None:
+        """The deferred writes, in order: each run of one statement in one executemany."""
+        queue = self._queue
+        if not queue:
+            return
+        if self.db is None:
+            raise Error(f"{self.path} is not open")
+        start = 0
+        try:
+            while start < len(queue):
+                sql, end = queue[start][0], start + 1
+                while end < len(queue) and queue[end][0] == sql:
+                    end += 1
+                self.db.executemany(sql, [params for _, params in queue[start:end]])
+                start = end
+        except sqlite3.Error as exc:
+            raise Error(f"cannot write {self.path}: {exc}") from None
+        finally:
+            queue.clear()
+            self._queued.clear()
 
     def set_applied(self, groups: Dict[str, int]) -> None:
         self._run("DELETE FROM applied")
@@ -192,45 +242,51 @@ class Store:
         elif not set(gids) <= record[4]:
             self.set_gids(ino, gen, record[4] | set(gids))
 
-    def record_new(
-        self,
-        ino: int,
-        gen: int,
-        is_dir: bool,
-        mode: int,
-        access: bytes,
-        dflt: bytes,
-        gids: Iterable[int],
-        later: Iterable[int] = (),
-    ) -> bool:
-        """record() for an inode without a record, in one statement: whether it had none
-        (and now has this one); where it has one, nothing is written (the caller then
-        looks it up and calls record()).  The same as lookup() finding None and record()
-        inserting, with one statement instead of three: a first apply's cost per file."""
+    def record_many(self, rows: List[tuple]) -> None:
+        """record() for each row (ino, gen, is_dir, mode, access, dflt, gids, later),
+        with later only for an inode without a record (as record() is called for one
+        that has: ()).  One INSERT OR IGNORE for all (a first apply: no inode has a
+        record): where fewer rows went in, record()'s rules for each, which leave the
+        rows inserted here as they are (their gids are the ones given)."""
+        self._drain()
         if self.db is None:
             raise Error(f"{self.path} is not open")
+        if not rows:
+            return
         try:
-            cursor = self.db.execute(
+            cursor = self.db.executemany(
                 "INSERT OR IGNORE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later)),
+                [
+                    (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later))
+                    for ino, gen, is_dir, mode, access, dflt, gids, later in rows
+                ],
             )
         except sqlite3.Error as exc:
             raise Error(f"cannot write {self.path}: {exc}") from None
-        return cursor.rowcount == 1
+        if cursor.rowcount != len(rows):
+            for ino, gen, is_dir, mode, access, dflt, gids, _ in rows:
+                self.record(ino, gen, is_dir, mode, access, dflt, gids, ())
 
     def set_gids(self, ino: int, gen: int, gids: Iterable[int]) -> None:
-        self._run("UPDATE acl SET gids = ? WHERE ino = ? AND gen = ?", (_text(gids), ino, gen))
+        self._write(
+            "UPDATE acl SET gids = ? WHERE ino = ? AND gen = ?",
+            (_text(gids), ino, gen),
+            (ino, gen),
+        )
 
     def set_base(self, ino: int, gen: int, access: bytes, dflt: bytes, mode: int, later) -> None:
         """What an inode is to get back, once the inherited entries of a group reverted
         are taken out of it."""
-        self._run(
+        self._write(
             "UPDATE acl SET access = ?, dflt = ?, mode = ?, later = ? WHERE ino = ? AND gen = ?",
             (access, dflt, mode, _text(later), ino, gen),
+            (ino, gen),
         )
 
     def lookup(self, ino: int, gen: int) -> Optional[Record]:
+        if (ino, gen) in self._queued:
+            self._drain()
         if self.db is None:
             return None
         later = "later" if self.later else "''"
@@ -245,6 +301,7 @@ class Store:
     def holding(self, gids: Set[int]) -> Iterator[Tuple[int, int, str]]:
         """The records that still name one of gids (granted or inherited), one at a
         time: (ino, gen, what they name)."""
+        self._drain()
         if self.db is None:
             return
         later = "later" if self.later else "''"
@@ -255,9 +312,24 @@ class Store:
             if named:
                 yield ino, gen, _text(named)
 
+    def count_holding(self, gids: Set[int]) -> int:
+        """How many records holding() yields, counted by SQLite: the lists are texts of
+        decimal gids joined by commas, so ",GID," is in ",gids,later," exactly where
+        one names GID."""
+        self._drain()
+        if self.db is None or not gids:
+            return 0
+        later = "later" if self.later else "''"
+        test = " OR ".join(["(',' || gids || ',' || " + later + " || ',') LIKE ?"] * len(gids))
+        row = self.db.execute(
+            f"SELECT count(*) FROM acl WHERE {test}", [f"%,{int(g)},%" for g in sorted(gids)]
+        ).fetchone()
+        return int(row[0])
+
     def orphans(self, known: Set[int]) -> Dict[int, int]:
         """The gids records name (granted or inherited) that are not in known: gid ->
         how many records name it."""
+        self._drain()
         counts: Dict[int, int] = {}
         if self.db is None:
             return counts
@@ -284,6 +356,8 @@ class Store:
 
     def setup_lookup(self, ino: int, gen: int) -> Optional[SetupRecord]:
         """(uid, gid, mode, access, default, after) recorded before the setup steps."""
+        if (ino, gen) in self._queued:
+            self._drain()
         if not self.has_setup():
             return None
         row = self.db.execute(
@@ -298,6 +372,7 @@ class Store:
     def setup_keys(self) -> Set[Tuple[int, int]]:
         """The inodes recorded before the setup steps (a handful: the journal directory,
         its machine directories and their active files)."""
+        self._drain()
         if not self.has_setup():
             return set()
         return {(ino, gen) for ino, gen in self.db.execute("SELECT ino, gen FROM setup")}
@@ -312,10 +387,10 @@ class Store:
         )
 
     def forget_setup(self, ino: int, gen: int) -> None:
-        self._run("DELETE FROM setup WHERE ino = ? AND gen = ?", (ino, gen))
+        self._write("DELETE FROM setup WHERE ino = ? AND gen = ?", (ino, gen), (ino, gen))
 
     def forget(self, ino: int, gen: int) -> None:
-        self._run("DELETE FROM acl WHERE ino = ? AND gen = ?", (ino, gen))
+        self._write("DELETE FROM acl WHERE ino = ? AND gen = ?", (ino, gen), (ino, gen))
 
     def remove(self) -> None:
         """Delete the database (nothing applied is left to revert)."""
@@ -329,6 +404,7 @@ class Store:
                 raise Error(f"cannot remove {self.path}{suffix}: {exc.strerror}") from None
 
     def _run(self, sql: str, params: tuple = ()) -> None:
+        self._drain()  # what waits goes first: the order stays the order of the calls
         if self.db is None:
             raise Error(f"{self.path} is not open")
         try:

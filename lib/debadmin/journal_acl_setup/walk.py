@@ -223,11 +223,19 @@ class Node:
         fsetxattr (a directory's default ACL with setxattr on its magic link) is what
         libacl's acl_set_fd and acl_set_file write: the same system calls, the same
         bytes (test_posixacl), without building a posix1e.ACL entry by entry."""
+        self.set_attributes(
+            None if access is None else posixacl.pack(access),
+            None if default is None else posixacl.pack(default),
+        )
+
+    def set_attributes(self, access: Optional[bytes], default: Optional[bytes]) -> None:
+        """set_acls() of ACLs already packed (posixacl.pack): a walk that gives many
+        inodes the same ACL packs it once."""
         try:
             if access is not None:
-                os.setxattr(self.fd, ACCESS_XATTR, posixacl.pack(access))
+                os.setxattr(self.fd, ACCESS_XATTR, access)
             if default is not None and self.is_dir:
-                os.setxattr(magic_link(self.fd), DEFAULT_XATTR, posixacl.pack(default))
+                os.setxattr(magic_link(self.fd), DEFAULT_XATTR, default)
         except OSError as exc:
             reason = _proc_hint(exc)
             raise AclError(f"cannot set the ACL of {shown(self.path)}: {reason}", reason) from None
@@ -737,7 +745,19 @@ def _walk(
         return
     with it:
         for entry in it:
-            name, kind = entry.name, _kind(entry)
+            name = entry.name
+            if by_name:  # most entries of a journal: a regular file, batched by name
+                try:
+                    regular = entry.is_file(follow_symlinks=False)  # d_type: no system call
+                except OSError:
+                    regular = False
+                if regular:
+                    batch.append(name)
+                    if len(batch) >= BATCH:
+                        yield from _batch(top_fd, top_path, top_st, batch, ctx)
+                        batch = []
+                    continue
+            kind = _kind(entry)
             path = f"{top_path}/{name}"
             if kind == "link":
                 skips.append(
@@ -753,14 +773,7 @@ def _walk(
                     Skip("skipped-type", path, f"{shown(path)} is not a directory or regular file")
                 )
                 continue
-            is_dir = kind == "dir"
-            if not is_dir and by_name:
-                batch.append(name)
-                if len(batch) >= BATCH:
-                    yield from _batch(top_fd, top_path, top_st, batch, ctx)
-                    batch = []
-                continue
-            yield from _visit(top_fd, name, path, is_dir, top_st, depth, ctx)
+            yield from _visit(top_fd, name, path, kind == "dir", top_st, depth, ctx)
     if batch:
         yield from _batch(top_fd, top_path, top_st, batch, ctx)
 
@@ -794,11 +807,13 @@ def open_checked(dir_fd: int, name: str, is_dir: bool) -> Tuple[int, os.stat_res
             raise OSError(errno.ELOOP, "changed type")
         flags = (O_DIR if is_dir else O_FILE) & ~os.O_NOFOLLOW
         try:
-            fd = os.open(magic_link(path_fd), flags)
+            # The magic link is the O_PATH descriptor's own file: no lookup by name, the
+            # same inode (st holds).
+            return os.open(magic_link(path_fd), flags), st
         except FileNotFoundError:
             if os.path.isdir("/proc/self/fd"):
                 raise
-            fd = os.open(name, O_DIR if is_dir else O_FILE, dir_fd=dir_fd)
+        fd = os.open(name, O_DIR if is_dir else O_FILE, dir_fd=dir_fd)
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
