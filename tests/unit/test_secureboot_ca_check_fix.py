@@ -1281,11 +1281,17 @@ def test_files_are_read_when_libvirt_is_not_asked_and_it_says_so(tmp_path, capsy
 def test_a_running_vms_store_is_read_until_two_reads_agree(tmp_path, monkeypatch):
     libvirt = importlib.import_module("debadmin.secureboot_ca_check.libvirt")
     reads = iter([b"a", b"b", b"c", b"c"])
+    slept = []
     monkeypatch.setattr(fix, "read_nvram", lambda path: next(reads))
+    monkeypatch.setattr("time.sleep", slept.append)
     assert libvirt.read_running(tmp_path) == b"c"
-    reads = iter([b"a", b"b", b"c", b"d", b"e"])
+    assert slept == [0.05, 0.1]  # the first retry at once, then pauses growing
+    reads = iter([b"%d" % i for i in range(len(libvirt.RUNNING_PAUSES) + 1)] + [b"x"])
+    slept.clear()
     with pytest.raises(sbc.Error, match="changed between reads"):
         libvirt.read_running(tmp_path)
+    assert slept == [p for p in libvirt.RUNNING_PAUSES if p]
+    assert next(reads) == b"x"  # no read after the last pause's disagreed
 
 
 def test_live_definition_from_virsh_dumpxml(tmp_path):

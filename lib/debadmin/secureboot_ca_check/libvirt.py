@@ -547,11 +547,22 @@ def nvram_path(domain: Domain, root: Path) -> Path:
     return in_root(root, parent or "/") / name
 
 
+# Pauses between reads of a running VM's NVRAM that did not agree: the firmware writes
+# its variables in bursts (at boot, at an update), so a pause lets one end (3.1 s in all).
+RUNNING_PAUSES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
 def read_running(path: Path) -> bytes:
     """The store of a running VM's NVRAM, read without taking its lock: qemu may write
-    to the file while it is read, so it is read until two reads agree."""
+    to the file while it is read, so it is read until two reads in a row agree, with
+    longer pauses between them while they do not (a loaded host's guest may take a
+    while to finish a burst of writes)."""
+    import time
+
     previous = fix.read_nvram(path)
-    for _ in range(3):
+    for pause in RUNNING_PAUSES:
+        if pause:
+            time.sleep(pause)
         data = fix.read_nvram(path)
         if data == previous:
             return data
