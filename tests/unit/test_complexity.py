@@ -20,6 +20,8 @@ def python_files():
     yield from sorted((SRC / "tests" / "unit").glob("*.py"))
     for directory in ("bin", "build-aux", "bench"):
         for path in sorted((SRC / directory).iterdir()):
+            if not path.is_file():  # __pycache__ where a test imported a script
+                continue
             with path.open("rb") as f:
                 if b"python3" in f.readline():
                     yield path

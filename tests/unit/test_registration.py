@@ -70,7 +70,9 @@ def modules_of(tool):
     return sorted(package_of(tool).glob("*.py"))
 
 
-TOOL_PACKAGES = sorted(p.name for p in (SRC / "lib" / "debadmin").iterdir() if p.is_dir())
+TOOL_PACKAGES = sorted(
+    p.name for p in (SRC / "lib" / "debadmin").iterdir() if p.is_dir() and p.name != "__pycache__"
+)
 
 
 def lines(path: Path):
@@ -220,7 +222,9 @@ def test_collection_package_is_no_tool_and_not_in_the_metapackage():
     assert "ansible-collection-debadmin" not in BINARIES["debadmin"]["Depends"]
     assert "ansible-collection-debadmin" not in BINARIES["debadmin"].get("Suggests", "")
     install = lines(SRC / "debian" / "ansible-collection-debadmin.install")
-    assert install == ["ansible/* usr/share/ansible/collections/ansible_collections/debadmin/tools/"]
+    assert install == [
+        "ansible/* usr/share/ansible/collections/ansible_collections/debadmin/tools/"
+    ]
     assert any(
         stanza.get("Depends", "").startswith("ansible-collection-debadmin") for stanza in TESTS
     ), "no autopkgtest for the collection"

@@ -173,16 +173,8 @@ def _generation():
     return generation
 
 
-def _node(
-    node: walker.Node,
-    gone: Set[int],
-    store: Any,
-    parent: Set[int],
-    from_apply: Dict[str, Set[int]],
-    outcome: Outcome,
-    dry_run: bool,
-) -> bool:
-    """Revert one inode; whether it changed (would change)."""
+def _held(node: walker.Node) -> Tuple[Entries, Optional[Entries]]:
+    """What the inode holds, parsed (its access ACL, else its mode's; its default ACL)."""
     access_raw, default_raw = node.raw()
     seen = (access_raw, default_raw, node.st.st_mode, node.is_dir)
     held = _HELD.get(seen)
@@ -193,17 +185,13 @@ def _node(
         )
         if len(_HELD) < MEMO_MAX:
             _HELD[seen] = held
-    access, default = held
-    record = None
-    if store is not None and store.db is not None:
-        key = (node.st.st_ino, _generation()(node.fd))
-        record = store.lookup(*key)
-    if record is None:
-        strip = gone if store is None else gone & parent
-        if node.is_dir:
-            from_apply[node.path] = parent & walker.named_gids(default)
-        return _set(node, access, default, strip, None, None, dry_run)
-    _, mode, _, _, gids, later = record
+    return held
+
+
+def _made(record: Any, node: walker.Node):
+    """The record's default ACL, parsed, and what apply made of the record for its
+    groups: (base_default, (access, default))."""
+    mode, gids = record[1], record[4]
     seen = (record[2], record[3], mode, node.st.st_gid, frozenset(gids), node.is_dir)
     applied = _MADE.get(seen)
     if applied is None:
@@ -213,7 +201,31 @@ def _node(
         applied = (base_default, made)
         if len(_MADE) < MEMO_MAX:
             _MADE[seen] = applied
-    base_default, made = applied
+    return applied
+
+
+def _node(
+    node: walker.Node,
+    gone: Set[int],
+    store: Any,
+    parent: Set[int],
+    from_apply: Dict[str, Set[int]],
+    outcome: Outcome,
+    dry_run: bool,
+) -> bool:
+    """Revert one inode; whether it changed (would change)."""
+    access, default = _held(node)
+    record = None
+    if store is not None and store.db is not None:
+        key = (node.st.st_ino, _generation()(node.fd))
+        record = store.lookup(*key)
+    if record is None:
+        strip = gone if store is None else gone & parent
+        if node.is_dir:
+            from_apply[node.path] = parent & walker.named_gids(default)
+        return _set(node, access, default, strip, None, None, dry_run)
+    gids, later = record[4], record[5]
+    base_default, made = _made(record, node)
     if node.is_dir:
         from_apply[node.path] = later | {
             g for g in gids if (base_default or {}).get((G, g)) != (made[1] or {}).get((G, g))

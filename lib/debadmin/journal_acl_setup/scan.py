@@ -141,6 +141,19 @@ def scan(
         if keep is None or seen < keep:
             paths.append(path)
 
+    def files(node: walker.Node) -> None:
+        prefix = node.path + "/"
+        for name, mode, gid, access in node.files:
+            verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
+            if verdict is None:
+                try:
+                    verdict = judge((access, b""), mode, gid, False)
+                except walker.AclError as exc:
+                    unreadable_acl(prefix + name, exc)
+                    continue
+            for group in verdict[0]:
+                note(unreadable[group], group, "unreadable", prefix + name)
+
     count = 0
     # The walk makes a few tuples a file and no reference cycles: the collector's
     # passes over them are ~1.5 ms of a 5,000-file check for nothing.
@@ -153,17 +166,7 @@ def scan(
                 break
             if node.fd < 0:  # a batch of the directory's files, read by name
                 count += len(node.files)
-                prefix = node.path + "/"
-                for name, mode, gid, access in node.files:
-                    verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
-                    if verdict is None:
-                        try:
-                            verdict = judge((access, b""), mode, gid, False)
-                        except walker.AclError as exc:
-                            unreadable_acl(prefix + name, exc)
-                            continue
-                    for group in verdict[0]:
-                        note(unreadable[group], group, "unreadable", prefix + name)
+                files(node)
                 continue
             count += 1
             try:
