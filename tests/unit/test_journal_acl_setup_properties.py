@@ -499,3 +499,32 @@ def test_records_counted_by_sqlite_are_those_holding_yields(records, gone):
             assert store.count_holding(set(gone)) == sum(1 for _ in store.holding(set(gone)))
         finally:
             store.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.frozensets(st.sampled_from(ID_POOL)), st.frozensets(st.sampled_from(ID_POOL))
+        ),
+        max_size=12,
+    ),
+    st.frozensets(st.sampled_from(ID_POOL)),
+)
+def test_orphans_count_every_record_naming_an_unknown_gid(records, known):
+    """orphans() counts by distinct list in SQL: each record naming a gid not known
+    counts once for it, granted or inherited."""
+    expected = {}
+    for gids, later in records:
+        for gid in (gids | later) - known:
+            expected[gid] = expected.get(gid, 0) + 1
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:
+        store = acl_state.Store(__import__("pathlib").Path(scratch), create=True)
+        try:
+            store.begin()
+            for ino, (gids, later) in enumerate(records, 1):
+                store.record(ino, 0, False, 0o100640, b"", b"", gids, later)
+            store.commit()
+            assert store.orphans(set(known)) == expected
+        finally:
+            store.close()

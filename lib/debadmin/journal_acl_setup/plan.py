@@ -147,7 +147,10 @@ def plan(state: State, add_to_config: List[str]) -> List[Step]:
     steps: List[Step] = []
     codes = state.codes()
     steps += setup_steps(state, codes)
-    fresh = [n for n in state.groups if n != STOCK_GROUP and n not in applied_groups(root)]
+    # The state database (sqlite3) is read only where a group but adm is asked for.
+    asked = [n for n in state.groups if n != STOCK_GROUP]
+    applied = applied_groups(root) if asked else {}
+    fresh = [n for n in asked if n not in applied]
     if codes & {"journal-missing", "unreadable", "no-default-acl"} or (fresh and state.exists):
         names = ", ".join(f"{name} (gid {gid})" for name, gid in state.groups.items())
         uids = journal_uids(root)

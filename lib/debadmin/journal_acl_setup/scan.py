@@ -141,17 +141,21 @@ def scan(
         if keep is None or seen < keep:
             paths.append(path)
 
+    # A regular file's verdict by (access ACL, mode, group): one flat key a file.
+    by_file: Dict[Tuple[bytes, int, int], List[str]] = {}
+
     def files(node: walker.Node) -> None:
         prefix = node.path + "/"
         for name, mode, gid, access in node.files:
-            verdict = verdicts.get(((access, b""), mode & 0o777, gid, False))
-            if verdict is None:
+            cannot = by_file.get((access, mode, gid))
+            if cannot is None:
                 try:
-                    verdict = judge((access, b""), mode, gid, False)
+                    cannot = judge((access, b""), mode, gid, False)[0]
                 except walker.AclError as exc:
                     unreadable_acl(prefix + name, exc)
                     continue
-            for group in verdict[0]:
+                by_file[(access, mode, gid)] = cannot
+            for group in cannot:
                 note(unreadable[group], group, "unreadable", prefix + name)
 
     count = 0

@@ -94,6 +94,7 @@ def _ids(text: str) -> Set[int]:
 
 
 DEFERRED_MAX = 4096  # deferred writes kept before they go in
+READ_AHEAD = 1024  # records read ahead of a deferring transaction's walk
 
 
 class Store:
@@ -115,6 +116,7 @@ class Store:
         self._queue: List[Tuple[str, tuple]] = []
         self._queued: Set[Tuple[int, int]] = set()
         self._deferring = False
+        self._ahead: Dict[Tuple[int, int], tuple] = {}  # records read ahead (lookup)
         if not create and not self.path.exists():
             return
         try:
@@ -147,6 +149,7 @@ class Store:
     def close(self) -> None:
         self._queue.clear()  # never committed: what SQLite's rollback drops anyway
         self._queued.clear()
+        self._ahead = {}
         self._deferring = False
         if self.db is not None:
             self.db.close()
@@ -169,9 +172,11 @@ class Store:
     def commit(self) -> None:
         self._drain()
         self._deferring = False
+        self._ahead = {}
         self._run("COMMIT")
 
     def _write(self, sql: str, params: tuple, key: Tuple[int, int]) -> None:
+        self._ahead.pop(key, None)
         if not self._deferring:
             self._run(sql, params)
             return
@@ -249,6 +254,7 @@ class Store:
         record): where fewer rows went in, record()'s rules for each, which leave the
         rows inserted here as they are (their gids are the ones given)."""
         self._drain()
+        self._ahead = {}
         if self.db is None:
             raise Error(f"{self.path} is not open")
         if not rows:
@@ -285,18 +291,40 @@ class Store:
         )
 
     def lookup(self, ino: int, gen: int) -> Optional[Record]:
-        if (ino, gen) in self._queued:
+        """The record of an inode, or None.  In a deferring transaction (revert's walk)
+        the records that follow it in the order apply wrote them, which is the order
+        the walk meets them, are read ahead, READ_AHEAD at a time."""
+        key = (ino, gen)
+        if key in self._queued:
             self._drain()
         if self.db is None:
             return None
-        later = "later" if self.later else "''"
-        row = self.db.execute(
-            f"SELECT is_dir, mode, access, dflt, gids, {later} FROM acl WHERE ino = ? AND gen = ?",
-            (ino, gen),
-        ).fetchone()
+        row = self._ahead.pop(key, None)
         if row is None:
-            return None
-        return (row[0], row[1], bytes(row[2]), bytes(row[3]), _ids(row[4]), _ids(row[5]))
+            row = self.db.execute(
+                f"SELECT {self._columns()} FROM acl WHERE ino = ? AND gen = ?", key
+            ).fetchone()
+            if row is None:
+                return None
+            if self._deferring:
+                self._read_ahead(row[0])
+        return (row[1], row[2], bytes(row[3]), bytes(row[4]), _ids(row[5]), _ids(row[6]))
+
+    def _columns(self) -> str:
+        later = "later" if self.later else "''"
+        return f"rowid, is_dir, mode, access, dflt, gids, {later}, ino, gen"
+
+    def _read_ahead(self, rowid: int) -> None:
+        """The records after rowid, as they are once the deferred writes are in (a write
+        of one of them later drops it from what was read ahead: _write)."""
+        self._drain()
+        self._ahead = {
+            (row[7], row[8]): row
+            for row in self.db.execute(
+                f"SELECT {self._columns()} FROM acl WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (rowid, READ_AHEAD),
+            )
+        }
 
     def holding(self, gids: Set[int]) -> Iterator[Tuple[int, int, str]]:
         """The records that still name one of gids (granted or inherited), one at a
@@ -334,9 +362,12 @@ class Store:
         if self.db is None:
             return counts
         later = "later" if self.later else "''"
-        for granted, inherited in self.db.execute(f"SELECT gids, {later} FROM acl"):
+        # A few distinct lists among many records: SQLite counts each, Python parses it.
+        for granted, inherited, records in self.db.execute(
+            f"SELECT gids, {later}, count(*) FROM acl GROUP BY gids, {later}"
+        ):
             for gid in (_ids(granted) | _ids(inherited)) - known:
-                counts[gid] = counts.get(gid, 0) + 1
+                counts[gid] = counts.get(gid, 0) + records
         return counts
 
     def record_setup(self, ino: int, gen: int, is_dir: bool, st: os.stat_result, raw) -> None:
@@ -405,6 +436,7 @@ class Store:
 
     def _run(self, sql: str, params: tuple = ()) -> None:
         self._drain()  # what waits goes first: the order stays the order of the calls
+        self._ahead = {}  # a write of any record: nothing read ahead is taken as current
         if self.db is None:
             raise Error(f"{self.path} is not open")
         try:
