@@ -19,6 +19,7 @@ DEBADMIN_HYPOTHESIS_RANDOM=1 explores new ones, DEBADMIN_HYPOTHESIS_EXAMPLES=N m
 them; a counterexample found that way becomes an @example here.
 """
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -359,17 +360,10 @@ INHERITED_BEFORE_SECOND_APPLY = _as_drawn(
                     True,
                     0,
                     0,
-                    {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0},
-                    {
-                        (USER_OBJ, U): 0,
-                        (GROUP_OBJ, U): 0,
-                        (OTHER, U): 0,
-                        (GROUP, 88): 0,
-                        (GROUP, 5050): 4,
-                        (MASK, U): 4,
-                    },
+                    _BASE,
+                    {**_BASE, (GROUP, 88): 0, (GROUP, 5050): 4, (MASK, U): 4},
                 ),
-                ("f1", False, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0}, None),
+                ("f1", False, 0, 0, _BASE, None),
             ],
             [5060, 5050],
             [5060, 5050],
@@ -388,18 +382,10 @@ INHERITED_BEFORE_SECOND_APPLY = _as_drawn(
                     True,
                     0,
                     0,
-                    {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 0},
-                    {
-                        (USER_OBJ, U): 0,
-                        (GROUP_OBJ, U): 0,
-                        (OTHER, U): 0,
-                        (GROUP, 88): 0,
-                        (GROUP, 5060): 5,
-                        (GROUP, 5050): 0,
-                        (MASK, U): 0,
-                    },
+                    _BASE,
+                    {**_BASE, (GROUP, 88): 0, (GROUP, 5060): 5, (GROUP, 5050): 0, (MASK, U): 0},
                 ),
-                ("d1/f2", False, 0, 0, {(USER_OBJ, U): 0, (GROUP_OBJ, U): 0, (OTHER, U): 1}, None),
+                ("d1/f2", False, 0, 0, {**_BASE, (OTHER, U): 1}, None),
             ],
             [5050, 5070, 5060],
             [5050, 5070, 5060],
@@ -474,21 +460,16 @@ def _holds(after, expected, before):
 
 
 ID_POOL = [4, 5, 14, 45, 404, 505, 5050, 50505]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.frozensets(st.sampled_from(ID_POOL)), st.frozensets(st.sampled_from(ID_POOL))
-        ),
-        max_size=12,
-    ),
-    st.frozensets(st.sampled_from(ID_POOL), min_size=1),
+# Records as (gids granted, gids inherited): 4 beside 14, 45 and 404, 5050 beside 505.
+RECORD_LISTS = st.lists(
+    st.tuples(st.frozensets(st.sampled_from(ID_POOL)), st.frozensets(st.sampled_from(ID_POOL))),
+    max_size=12,
 )
-def test_records_counted_by_sqlite_are_those_holding_yields(records, gone):
-    """revert counts the records naming its groups in SQL (count_holding), by text:
-    the same records holding() yields parsing each, 4 never matching 14 or 45."""
+
+
+@contextlib.contextmanager
+def store_of(records):
+    """A state database holding a record per (gids, later) of records, committed."""
     with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:
         store = acl_state.Store(__import__("pathlib").Path(scratch), create=True)
         try:
@@ -496,21 +477,22 @@ def test_records_counted_by_sqlite_are_those_holding_yields(records, gone):
             for ino, (gids, later) in enumerate(records, 1):
                 store.record(ino, 0, False, 0o100640, b"", b"", gids, later)
             store.commit()
-            assert store.count_holding(set(gone)) == sum(1 for _ in store.holding(set(gone)))
+            yield store
         finally:
             store.close()
 
 
+@settings(max_examples=60, deadline=None)
+@given(RECORD_LISTS, st.frozensets(st.sampled_from(ID_POOL), min_size=1))
+def test_records_counted_by_sqlite_are_those_holding_yields(records, gone):
+    """revert counts the records naming its groups in SQL (count_holding), by text:
+    the same records holding() yields parsing each, 4 never matching 14 or 45."""
+    with store_of(records) as store:
+        assert store.count_holding(set(gone)) == sum(1 for _ in store.holding(set(gone)))
+
+
 @settings(max_examples=40, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.frozensets(st.sampled_from(ID_POOL)), st.frozensets(st.sampled_from(ID_POOL))
-        ),
-        max_size=12,
-    ),
-    st.frozensets(st.sampled_from(ID_POOL)),
-)
+@given(RECORD_LISTS, st.frozensets(st.sampled_from(ID_POOL)))
 def test_orphans_count_every_record_naming_an_unknown_gid(records, known):
     """orphans() counts by distinct list in SQL: each record naming a gid not known
     counts once for it, granted or inherited."""
@@ -518,13 +500,5 @@ def test_orphans_count_every_record_naming_an_unknown_gid(records, known):
     for gids, later in records:
         for gid in (gids | later) - known:
             expected[gid] = expected.get(gid, 0) + 1
-    with tempfile.TemporaryDirectory(dir=SCRATCH) as scratch:
-        store = acl_state.Store(__import__("pathlib").Path(scratch), create=True)
-        try:
-            store.begin()
-            for ino, (gids, later) in enumerate(records, 1):
-                store.record(ino, 0, False, 0o100640, b"", b"", gids, later)
-            store.commit()
-            assert store.orphans(set(known)) == expected
-        finally:
-            store.close()
+    with store_of(records) as store:
+        assert store.orphans(set(known)) == expected
