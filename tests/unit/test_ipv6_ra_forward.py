@@ -1756,3 +1756,41 @@ def test_networkmanager_bond_and_vlan(tmp_path, monkeypatch, capsys, version, ho
     assert "# bond0.200 is a vlan (connection vlan200 (type=vlan) in" in out
     assert "nmcli connection modify vlan200 ipv6.method auto\n" in out
     assert sysctl(root2, "all", "forwarding") == 0  # the profile first
+
+
+def test_ifupdown_names_the_file_holding_the_stanza(tmp_path, monkeypatch, capsys):
+    """A stanza in a file that interfaces sources (source, source-directory) is named by
+    that file in findings and advice, not by /etc/network/interfaces."""
+    root = make_root(tmp_path, {n: (0, 1) for n in ("dhcp0", "gw0", "eth0")}, forwarding=1)
+    net = root / "etc/network"
+    (net / "interfaces.d").mkdir(parents=True)
+    (net / "more").mkdir()
+    (net / "interfaces").write_text(
+        "auto lo\niface lo inet loopback\n"
+        "source interfaces.d/*\n"
+        "source-directory /etc/network/more\n"
+        "iface eth0 inet6 auto\n"
+    )
+    (net / "interfaces.d/dhcp0").write_text("iface dhcp0 inet6 dhcp\n")
+    (net / "more/gw0").write_text(
+        "iface gw0 inet6 static\n  address 2001:db8::2/64\n  gateway 2001:db8::1\n"
+        "iface bond9 inet manual\n  bond-slaves eth0\n"
+    )
+    (net / "more/skipped.cfg").write_text("iface skipped0 inet6 auto\n")  # run-parts: no '.'
+    stanzas, files = owners.ifupdown_parsed(root)
+    assert files[("dhcp0", "inet6")] == net / "interfaces.d/dhcp0"
+    assert files[("gw0", "inet6")] == root / "etc/network/more/gw0"
+    assert files[("eth0", "inet6")] == net / "interfaces"
+    assert ("skipped0", "inet6") not in stanzas
+    assert owners.detect(root, "dhcp0").source == str(net / "interfaces.d/dhcp0")
+    master = owners.ifupdown_master(root, "eth0")
+    assert (master.master, master.source) == ("bond9", str(root / "etc/network/more/gw0"))
+    assert owners.ifupdown_device(root, "bond9").source == str(root / "etc/network/more/gw0")
+    report = raf.collect_status(root, ["dhcp0", "gw0"], [], [], [], raf.Config(), None)
+    text = "\n".join(p["message"] for p in report["findings"])
+    assert f"accept_ra=0 on gw0 at ifup ({root / 'etc/network/more/gw0'})" in text
+    assert f"({net / 'interfaces'})" not in text
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
+    assert raf.main(["enable", "dhcp0"]) == 1
+    assert f"'iface dhcp0 inet6' stanza of {net / 'interfaces.d/dhcp0'}" in capsys.readouterr().out

@@ -347,15 +347,16 @@ def nm_device_managed(root: Path, index: Optional[int]) -> Optional[bool]:
 # --- ifupdown -----------------------------------------------------------------------------
 
 
-def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[str]:
-    """The lines of /etc/network/interfaces with source and source-directory expanded."""
+def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]:
+    """The lines of /etc/network/interfaces with source and source-directory expanded,
+    each with the file it is in."""
     if path in seen:
         return []
     seen.add(path)
     text = _read(path)
     if text is None:
         return []
-    lines: List[str] = []
+    lines: List[Tuple[str, Path]] = []
     for raw in text.splitlines():
         line = raw.strip()
         words = line.split()
@@ -379,24 +380,33 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[str]:
                 if all(c.isalnum() or c in "_-" for c in name):
                     lines.extend(_ifupdown_lines(root, target / name, seen))
         else:
-            lines.append(line)
+            lines.append((line, path))
     return lines
 
 
-def ifupdown_stanzas(root: Path) -> Dict[tuple, Dict[str, str]]:
-    """(ifname, family) -> {'method': ..., option: value} from /etc/network/interfaces."""
+def ifupdown_parsed(root: Path) -> Tuple[Dict[tuple, Dict[str, str]], Dict[tuple, Path]]:
+    """(ifname, family) -> {'method': ..., option: value} from /etc/network/interfaces and
+    the files it sources, and (ifname, family) -> the file whose iface line starts that
+    stanza (the last one, where a stanza is repeated)."""
     stanzas: Dict[tuple, Dict[str, str]] = {}
+    files: Dict[tuple, Path] = {}
     current: Optional[Dict[str, str]] = None
-    for line in _ifupdown_lines(root, root / "etc/network/interfaces", set()):
+    for line, path in _ifupdown_lines(root, root / "etc/network/interfaces", set()):
         words = line.split()
         if words[0] == "iface" and len(words) >= 4:
             current = stanzas.setdefault((words[1], words[2]), {})
             current["method"] = words[3]
+            files[(words[1], words[2])] = path
         elif words[0] in IFUPDOWN_STANZAS or words[0].startswith("allow-"):
             current = None
         elif current is not None:
             current[words[0]] = " ".join(words[1:])
-    return stanzas
+    return stanzas, files
+
+
+def ifupdown_stanzas(root: Path) -> Dict[tuple, Dict[str, str]]:
+    """(ifname, family) -> {'method': ..., option: value} (ifupdown_parsed)."""
+    return ifupdown_parsed(root)[0]
 
 
 # --- all together ---------------------------------------------------------------------------
@@ -430,11 +440,13 @@ def detect(root: Path, ifname: str) -> Owner:
             return Owner(
                 NETWORKMANAGER, conn["path"], connection=conn["id"], ipv6_method=conn["method"]
             )
-    stanzas = ifupdown_stanzas(root)
-    if (ifname, "inet6") in stanzas or (ifname, "inet") in stanzas:
-        return Owner(
-            IFUPDOWN, str(root / "etc/network/interfaces"), inet6=stanzas.get((ifname, "inet6"))
-        )
+    stanzas, files = ifupdown_parsed(root)
+    for family in ("inet6", "inet"):
+        if (ifname, family) in stanzas:
+            # The file holding the stanza (an interfaces.d file, where it is one there).
+            return Owner(
+                IFUPDOWN, str(files[(ifname, family)]), inet6=stanzas.get((ifname, "inet6"))
+            )
     return Owner()
 
 
@@ -548,26 +560,27 @@ def _ifupdown_vlan_name(ifname: str, options: Dict[str, str]) -> bool:
 def ifupdown_master(root: Path, ifname: str) -> Optional[Stacked]:
     """The bond or bridge ifupdown puts ifname in: bond-master on its stanza, or its name
     in a bond's bond-slaves or a bridge's bridge_ports."""
-    source = str(root / "etc/network/interfaces")
-    stanzas = ifupdown_stanzas(root)
-    for (name, _), options in stanzas.items():
+    stanzas, files = ifupdown_parsed(root)
+    for (name, family), options in stanzas.items():
         if name == ifname and options.get("bond-master"):
             master = options["bond-master"].split()[0]
+            source = str(files[(name, family)])
             return Stacked(IFUPDOWN, "bond", f"bond-master {master}", source, master)
     for (name, family), options in stanzas.items():
         for key, kind in IFUPDOWN_PORT_LISTS:
             if ifname in (options.get(key) or "").split():
                 how = f"{key} {options[key]} ('iface {name} {family}')"
-                return Stacked(IFUPDOWN, kind, how, source, name)
+                return Stacked(IFUPDOWN, kind, how, str(files[(name, family)]), name)
     return None
 
 
 def ifupdown_device(root: Path, ifname: str) -> Optional[Stacked]:
     """What kind of device an ifupdown stanza of ifname makes: bond, bridge, vlan."""
-    source = str(root / "etc/network/interfaces")
-    for (name, family), options in ifupdown_stanzas(root).items():
+    stanzas, files = ifupdown_parsed(root)
+    for (name, family), options in stanzas.items():
         if name != ifname:
             continue
+        source = str(files[(name, family)])
         for key in ("bond-slaves", "bond-mode", "bond_mode"):
             if key in options:
                 return Stacked(IFUPDOWN, "bond", f"'iface {name} {family}' with {key}", source)
