@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 from debadmin.errors import Error
 from debadmin.secureboot_ca_check import checks, dbx, efi, efivarfs, fix, payloads, pe
 from debadmin.secureboot_ca_check import main as sbc
+from test_secureboot_ca_check_efivarfs import firmware as append_firmware
 
 SRC = Path(__file__).resolve().parents[2]
 OBJECTS = SRC / "data" / "secureboot_objects"
@@ -422,32 +423,8 @@ def test_no_mounted_esp_refuses(tmp_path, capsys):
 
 def firmware(monkeypatch):
     """A stand-in for the firmware behind efivarfs: edk2's authenticated append (entries
-    already held dropped)."""
-
-    def write(path: Path, data: bytes) -> None:
-        assert struct.unpack_from("<I", data)[0] == payloads.APPEND_ATTRIBUTES
-        name = path.name.split("-", 1)[0]
-        appended = payloads.parse_payload(data[4:], "x", name).data
-        old = path.read_bytes()
-        held = efivarfs.raw_entries(old[4:])
-        new = b""
-        offset = 0
-        while offset < len(appended):
-            size, header, each = struct.unpack_from("<III", appended, offset + 16)
-            body = offset + 28 + header
-            kind = appended[offset : offset + 16]
-            fresh = [
-                appended[i : i + each]
-                for i in range(body, offset + size, each)
-                if (kind, appended[i : i + each]) not in held
-            ]
-            if fresh:
-                head = struct.pack("<III", 28 + header + each * len(fresh), header, each)
-                new += kind + head + appended[offset + 28 : body] + b"".join(fresh)
-            offset += size
-        path.write_bytes(old + new)
-
-    monkeypatch.setattr(efivarfs, "write_once", write)
+    already held dropped), on any file system."""
+    append_firmware(monkeypatch)
     monkeypatch.setattr(efivarfs, "ACCEPT_ANY_FILESYSTEM", True)
 
 

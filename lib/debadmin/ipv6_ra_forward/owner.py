@@ -10,7 +10,7 @@ import glob
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from debadmin import sysconf
 from debadmin.errors import Error
@@ -657,24 +657,25 @@ def _managers(root: Path) -> List[str]:
     return found
 
 
-def configured_master(root: Path, ifname: str) -> Optional[Stacked]:
-    """The bond or bridge a manager's configuration makes ifname a port of, if any."""
-    readers = {NETWORKD: networkd_master, NETWORKMANAGER: nm_master, IFUPDOWN: ifupdown_master}
+def _configured(root: Path, ifname: str, readers: Dict[str, Any]) -> Optional[Stacked]:
+    """What the first manager in detect()'s order whose reader finds something says."""
     for manager in _managers(root):
         found = readers[manager](root, ifname)
         if found is not None:
             return found
     return None
+
+
+def configured_master(root: Path, ifname: str) -> Optional[Stacked]:
+    """The bond or bridge a manager's configuration makes ifname a port of, if any."""
+    readers = {NETWORKD: networkd_master, NETWORKMANAGER: nm_master, IFUPDOWN: ifupdown_master}
+    return _configured(root, ifname, readers)
 
 
 def configured_device(root: Path, ifname: str) -> Optional[Stacked]:
     """The bond, bridge or VLAN a manager's configuration makes under the name ifname."""
     readers = {NETWORKD: networkd_netdev, NETWORKMANAGER: nm_device, IFUPDOWN: ifupdown_device}
-    for manager in _managers(root):
-        found = readers[manager](root, ifname)
-        if found is not None:
-            return found
-    return None
+    return _configured(root, ifname, readers)
 
 
 BRING_UP = {
