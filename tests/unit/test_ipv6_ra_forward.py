@@ -1777,10 +1777,10 @@ def test_ifupdown_names_the_file_holding_the_stanza(tmp_path, monkeypatch, capsy
         "iface bond9 inet manual\n  bond-slaves eth0\n"
     )
     (net / "more/skipped.cfg").write_text("iface skipped0 inet6 auto\n")  # run-parts: no '.'
-    stanzas, files = owners.ifupdown_parsed(root)
-    assert files[("dhcp0", "inet6")] == net / "interfaces.d/dhcp0"
-    assert files[("gw0", "inet6")] == root / "etc/network/more/gw0"
-    assert files[("eth0", "inet6")] == net / "interfaces"
+    stanzas, sources = owners.ifupdown_parsed(root)
+    assert sources[("dhcp0", "inet6")]["method"] == net / "interfaces.d/dhcp0"
+    assert sources[("gw0", "inet6")]["gateway"] == root / "etc/network/more/gw0"
+    assert sources[("eth0", "inet6")]["method"] == net / "interfaces"
     assert ("skipped0", "inet6") not in stanzas
     assert owners.detect(root, "dhcp0").source == str(net / "interfaces.d/dhcp0")
     master = owners.ifupdown_master(root, "eth0")
@@ -1794,3 +1794,42 @@ def test_ifupdown_names_the_file_holding_the_stanza(tmp_path, monkeypatch, capsy
     patch(monkeypatch, "solicit", lambda name: True)
     assert raf.main(["enable", "dhcp0"]) == 1
     assert f"'iface dhcp0 inet6' stanza of {net / 'interfaces.d/dhcp0'}" in capsys.readouterr().out
+
+
+def test_ifupdown_options_are_named_by_the_file_that_sets_them(tmp_path):
+    """ifupdown's reading of interfaces(5): a stanza repeated in another file adds up (the
+    file named is the one that sets the option), source ends a stanza, a backslash goes
+    on with the next line, source-directory takes shell wildcards and ASCII names only."""
+    root = tmp_path / "root"
+    net = root / "etc/network"
+    (net / "interfaces.d").mkdir(parents=True)
+    (net / "dirs/a").mkdir(parents=True)
+    (net / "interfaces").write_text(
+        "iface eth0 inet6 auto\n  accept_ra 1\n"
+        "iface eth1 inet manual\n  bond-master bond0\n"
+        "iface eth2 inet6 auto\n"
+        "source interfaces.d/*\n"
+        "  accept_ra 0\n"  # misplaced after source: no stanza's (ifup says so)
+        "iface br0 inet6 auto\n  bridge_ports \\\n    eth5 eth6\n"
+        "source-directory dirs/*\n"
+    )
+    (net / "interfaces.d/more").write_text(
+        "iface eth0 inet6 auto\n  mtu 1400\n"
+        "iface eth1 inet manual\n  mtu 9000\n"
+        "iface eth3 inet6 auto\n"
+    )
+    (net / "dirs/a/vlan7").write_text("iface vlan7 inet6 auto\n  vlan-raw-device eth4\n")
+    (net / "dirs/a/\u00e9th9").write_text("iface eth9 inet6 auto\n")  # not ASCII: skipped
+    stanzas, sources = owners.ifupdown_parsed(root)
+    assert stanzas[("eth0", "inet6")] == {"method": "auto", "accept_ra": "1", "mtu": "1400"}
+    assert owners.detect(root, "eth0").source == str(net / "interfaces")  # its accept_ra
+    master = owners.ifupdown_master(root, "eth1")
+    assert (master.master, master.source) == ("bond0", str(net / "interfaces"))
+    assert "accept_ra" not in stanzas[("eth2", "inet6")]
+    assert "accept_ra" not in stanzas[("eth3", "inet6")]
+    assert stanzas[("br0", "inet6")]["bridge_ports"] == "eth5 eth6"
+    port = owners.ifupdown_master(root, "eth6")
+    assert (port.master, port.kind) == ("br0", "bridge")
+    vlan = owners.ifupdown_device(root, "vlan7")
+    assert (vlan.kind, vlan.source) == ("vlan", str(net / "dirs/a/vlan7"))
+    assert ("eth9", "inet6") not in stanzas

@@ -8,6 +8,7 @@ import configparser
 import fnmatch
 import glob
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -347,9 +348,34 @@ def nm_device_managed(root: Path, index: Optional[int]) -> Optional[bool]:
 # --- ifupdown -----------------------------------------------------------------------------
 
 
+def _logical_lines(text: str) -> List[str]:
+    """ifupdown's lines: a line ending in a backslash goes on with the next one; then
+    blank lines and lines starting with # (comments start a line only) are left out."""
+    lines: List[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        raw = raw.rstrip()
+        if raw.endswith("\\"):
+            pending += raw[:-1]
+            continue
+        line = (pending + raw).strip()
+        pending = ""
+        if line and not line.startswith("#"):
+            lines.append(line)
+    if pending.strip() and not pending.strip().startswith("#"):
+        lines.append(pending.strip())
+    return lines
+
+
+# source-directory reads the files whose names match this (interfaces(5)).
+SOURCE_DIRECTORY_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]:
     """The lines of /etc/network/interfaces with source and source-directory expanded,
-    each with the file it is in."""
+    each with the file it is in.  A source line stays, before what it includes: like
+    any stanza keyword, it ends the stanza before it (and a stanza ends with its file:
+    an option after the source line belongs to no stanza, as ifup says)."""
     if path in seen:
         return []
     seen.add(path)
@@ -357,51 +383,72 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]
     if text is None:
         return []
     lines: List[Tuple[str, Path]] = []
-    for raw in text.splitlines():
-        line = raw.strip()
+    for line in _logical_lines(text):
         words = line.split()
-        if not words or line.startswith("#"):  # ifupdown: comments start a line only
+        lines.append((line, path))
+        if words[0] not in ("source", "source-directory") or len(words) < 2:
             continue
-        if words[0] in ("source", "source-directory") and len(words) > 1:
-            # Relative paths are relative to the directory of the current file.
-            target = (
-                root / words[1].lstrip("/") if words[1].startswith("/") else path.parent / words[1]
-            )
-            if words[0] == "source":
-                for match in sorted(glob.glob(str(target))):
-                    lines.extend(_ifupdown_lines(root, Path(match), seen))
-                continue
+        # Relative paths are relative to the directory of the current file; shell
+        # wildcards may be used in both (ifupdown expands them with wordexp).
+        target = (
+            root / words[1].lstrip("/") if words[1].startswith("/") else path.parent / words[1]
+        )
+        matches = [Path(match) for match in sorted(glob.glob(str(target)))]
+        if words[0] == "source":
+            for match in matches:
+                lines.extend(_ifupdown_lines(root, match, seen))
+            continue
+        for directory in matches:
             try:
-                names = sorted(p.name for p in target.iterdir())
+                names = sorted(p.name for p in directory.iterdir())
             except OSError:
                 names = []
             for name in names:
-                # run-parts' rule: only names made of letters, digits, _ and -
-                if all(c.isalnum() or c in "_-" for c in name):
-                    lines.extend(_ifupdown_lines(root, target / name, seen))
-        else:
-            lines.append((line, path))
+                if SOURCE_DIRECTORY_NAME.fullmatch(name):
+                    lines.extend(_ifupdown_lines(root, directory / name, seen))
     return lines
 
 
-def ifupdown_parsed(root: Path) -> Tuple[Dict[tuple, Dict[str, str]], Dict[tuple, Path]]:
+# (ifname, family) -> {option: the file of the line that set it last}, "method" for the
+# iface line: ifupdown runs a repeated stanza's parts in order, so the last one counts.
+Sources = Dict[tuple, Dict[str, Path]]
+
+
+def ifupdown_parsed(root: Path) -> Tuple[Dict[tuple, Dict[str, str]], Sources]:
     """(ifname, family) -> {'method': ..., option: value} from /etc/network/interfaces and
-    the files it sources, and (ifname, family) -> the file whose iface line starts that
-    stanza (the last one, where a stanza is repeated)."""
+    the files it sources (a stanza repeated, in one file or several, adds up, its last
+    value of each option counting), and where each of those was set."""
     stanzas: Dict[tuple, Dict[str, str]] = {}
-    files: Dict[tuple, Path] = {}
+    sources: Sources = {}
     current: Optional[Dict[str, str]] = None
+    where: Dict[str, Path] = {}
+    last: Optional[Path] = None
     for line, path in _ifupdown_lines(root, root / "etc/network/interfaces", set()):
         words = line.split()
+        if path != last:  # a stanza ends with its file (ifupdown reads each on its own)
+            current, last = None, path
         if words[0] == "iface" and len(words) >= 4:
-            current = stanzas.setdefault((words[1], words[2]), {})
+            key = (words[1], words[2])
+            current = stanzas.setdefault(key, {})
+            where = sources.setdefault(key, {})
             current["method"] = words[3]
-            files[(words[1], words[2])] = path
+            where["method"] = path
         elif words[0] in IFUPDOWN_STANZAS or words[0].startswith("allow-"):
             current = None
         elif current is not None:
             current[words[0]] = " ".join(words[1:])
-    return stanzas, files
+            where[words[0]] = path
+    return stanzas, sources
+
+
+def ifupdown_source(sources: Sources, key: tuple, *options: str) -> str:
+    """The file that set the first of options the stanza has (that of its iface line
+    where it has none of them)."""
+    where = sources[key]
+    for option in options:
+        if option in where:
+            return str(where[option])
+    return str(where["method"])
 
 
 def ifupdown_stanzas(root: Path) -> Dict[tuple, Dict[str, str]]:
@@ -440,13 +487,13 @@ def detect(root: Path, ifname: str) -> Owner:
             return Owner(
                 NETWORKMANAGER, conn["path"], connection=conn["id"], ipv6_method=conn["method"]
             )
-    stanzas, files = ifupdown_parsed(root)
+    stanzas, sources = ifupdown_parsed(root)
     for family in ("inet6", "inet"):
         if (ifname, family) in stanzas:
-            # The file holding the stanza (an interfaces.d file, where it is one there).
-            return Owner(
-                IFUPDOWN, str(files[(ifname, family)]), inet6=stanzas.get((ifname, "inet6"))
-            )
+            # The file that sets accept_ra, else the one of the stanza's iface line (an
+            # interfaces.d file, where the stanza is there): what advice names.
+            source = ifupdown_source(sources, (ifname, family), "accept_ra")
+            return Owner(IFUPDOWN, source, inet6=stanzas.get((ifname, "inet6")))
     return Owner()
 
 
@@ -560,34 +607,38 @@ def _ifupdown_vlan_name(ifname: str, options: Dict[str, str]) -> bool:
 def ifupdown_master(root: Path, ifname: str) -> Optional[Stacked]:
     """The bond or bridge ifupdown puts ifname in: bond-master on its stanza, or its name
     in a bond's bond-slaves or a bridge's bridge_ports."""
-    stanzas, files = ifupdown_parsed(root)
+    stanzas, sources = ifupdown_parsed(root)
     for (name, family), options in stanzas.items():
         if name == ifname and options.get("bond-master"):
             master = options["bond-master"].split()[0]
-            source = str(files[(name, family)])
+            source = ifupdown_source(sources, (name, family), "bond-master")
             return Stacked(IFUPDOWN, "bond", f"bond-master {master}", source, master)
     for (name, family), options in stanzas.items():
         for key, kind in IFUPDOWN_PORT_LISTS:
             if ifname in (options.get(key) or "").split():
                 how = f"{key} {options[key]} ('iface {name} {family}')"
-                return Stacked(IFUPDOWN, kind, how, str(files[(name, family)]), name)
+                source = ifupdown_source(sources, (name, family), key)
+                return Stacked(IFUPDOWN, kind, how, source, name)
     return None
 
 
 def ifupdown_device(root: Path, ifname: str) -> Optional[Stacked]:
     """What kind of device an ifupdown stanza of ifname makes: bond, bridge, vlan."""
-    stanzas, files = ifupdown_parsed(root)
+    stanzas, sources = ifupdown_parsed(root)
     for (name, family), options in stanzas.items():
         if name != ifname:
             continue
-        source = str(files[(name, family)])
-        for key in ("bond-slaves", "bond-mode", "bond_mode"):
-            if key in options:
-                return Stacked(IFUPDOWN, "bond", f"'iface {name} {family}' with {key}", source)
-        for key in ("bridge_ports", "bridge-ports"):
-            if key in options:
-                return Stacked(IFUPDOWN, "bridge", f"'iface {name} {family}' with {key}", source)
+        key = (name, family)
+        for option in ("bond-slaves", "bond-mode", "bond_mode"):
+            if option in options:
+                how = f"'iface {name} {family}' with {option}"
+                return Stacked(IFUPDOWN, "bond", how, ifupdown_source(sources, key, option))
+        for option in ("bridge_ports", "bridge-ports"):
+            if option in options:
+                how = f"'iface {name} {family}' with {option}"
+                return Stacked(IFUPDOWN, "bridge", how, ifupdown_source(sources, key, option))
         if _ifupdown_vlan_name(ifname, options):
+            source = ifupdown_source(sources, key, "vlan-raw-device", "vlan_raw_device")
             return Stacked(IFUPDOWN, "vlan", f"'iface {name} {family}' (vlan)", source)
     return None
 
