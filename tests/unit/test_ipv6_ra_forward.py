@@ -1777,11 +1777,11 @@ def test_ifupdown_names_the_file_holding_the_stanza(tmp_path, monkeypatch, capsy
         "iface bond9 inet manual\n  bond-slaves eth0\n"
     )
     (net / "more/skipped.cfg").write_text("iface skipped0 inet6 auto\n")  # run-parts: no '.'
-    stanzas, sources = owners.ifupdown_parsed(root)
-    assert sources[("dhcp0", "inet6")]["method"] == net / "interfaces.d/dhcp0"
-    assert sources[("gw0", "inet6")]["gateway"] == root / "etc/network/more/gw0"
-    assert sources[("eth0", "inet6")]["method"] == net / "interfaces"
-    assert ("skipped0", "inet6") not in stanzas
+    where = {(st.ifname, st.family): st.source for st in owners.ifupdown_stanza_list(root)}
+    assert where[("dhcp0", "inet6")] == net / "interfaces.d/dhcp0"
+    assert where[("gw0", "inet6")] == root / "etc/network/more/gw0"
+    assert where[("eth0", "inet6")] == net / "interfaces"
+    assert ("skipped0", "inet6") not in where
     assert owners.detect(root, "dhcp0").source == str(net / "interfaces.d/dhcp0")
     master = owners.ifupdown_master(root, "eth0")
     assert (master.master, master.source) == ("bond9", str(root / "etc/network/more/gw0"))
@@ -1796,38 +1796,86 @@ def test_ifupdown_names_the_file_holding_the_stanza(tmp_path, monkeypatch, capsy
     assert f"'iface dhcp0 inet6' stanza of {net / 'interfaces.d/dhcp0'}" in capsys.readouterr().out
 
 
-def test_ifupdown_options_are_named_by_the_file_that_sets_them(tmp_path):
-    """ifupdown's reading of interfaces(5): a stanza repeated in another file adds up (the
-    file named is the one that sets the option), source ends a stanza, a backslash goes
-    on with the next line, source-directory takes shell wildcards and ASCII names only."""
+def test_ifupdown_repeated_stanzas_run_in_order(tmp_path, monkeypatch, capsys):
+    """ifup runs each iface stanza of a name on its own, in file order, with its own
+    options and its method's defaults (ifupdown 0.8 config.c, main.c, inet6.defn): the
+    last inet6 stanza that writes accept_ra decides, and its file is the one named."""
+    root = make_root(tmp_path, {n: (0, 1) for n in ("eth0", "eth1", "eth2", "eth3")}, forwarding=1)
+    net = root / "etc/network"
+    (net / "interfaces.d").mkdir(parents=True)
+    (net / "interfaces").write_text(
+        # dhcp with accept_ra 2 here; a second dhcp stanza, sourced at the end, writes
+        # its default, 1
+        "iface eth0 inet6 dhcp\n  accept_ra 2\n"
+        # static with accept_ra 2, then static with a gateway: 0 at the end
+        "iface eth1 inet6 static\n  address 2001:db8::1/64\n  accept_ra 2\n"
+        "iface eth1 inet6 static\n  address 2001:db8::2/64\n  gateway 2001:db8::ff\n"
+        # auto with accept_ra 1, then auto again: 2 at the end, nothing to do
+        "iface eth2 inet6 auto\n  accept_ra 1\n"
+        "iface eth2 inet6 auto\n  mtu 1400\n"
+        # a static stanza without a gateway writes nothing: the dhcp one before decides
+        "iface eth3 inet6 dhcp\n"
+        "iface eth3 inet6 static\n  address 2001:db8::3/64\n"
+        "source interfaces.d/*\n"
+    )
+    (net / "interfaces.d/more").write_text("iface eth0 inet6 dhcp\n  request_prefix 1\n")
+    expect = {
+        "eth0": ("1", net / "interfaces.d/more"),
+        "eth1": ("0", net / "interfaces"),
+        "eth2": ("2", net / "interfaces"),
+        "eth3": ("1", net / "interfaces"),
+    }
+    for name, (value, source) in expect.items():
+        owner = owners.detect(root, name)
+        assert (raf.ifupdown_accept_ra(owner), owner.source) == (value, str(source)), name
+    report = raf.collect_status(root, list(expect), [], [], [], raf.Config(), None)
+    text = "\n".join(p["message"] for p in report["findings"] if p["code"] == "ifupdown")
+    assert f"accept_ra=1 on eth0 at ifup ({net / 'interfaces.d/more'})" in text
+    assert f"accept_ra=0 on eth1 at ifup ({net / 'interfaces'})" in text
+    assert "eth2" not in text
+    patch(monkeypatch, "ROOT", root)
+    patch(monkeypatch, "solicit", lambda name: True)
+    assert raf.main(["enable", "eth0"]) == 1
+    assert f"'iface eth0 inet6' stanza of {net / 'interfaces.d/more'}" in capsys.readouterr().out
+
+
+def test_ifupdown_lines_as_ifup_reads_them(tmp_path):
+    """config.c get_line: a comment never goes on, even ending in a backslash; a
+    backslash goes on only as the line's last character (not before a blank or a CR);
+    an option given twice in a stanza writes its first value; source-directory takes
+    shell wildcards and ASCII names only; a stanza's options are named by its file."""
     root = tmp_path / "root"
     net = root / "etc/network"
     (net / "interfaces.d").mkdir(parents=True)
     (net / "dirs/a").mkdir(parents=True)
     (net / "interfaces").write_text(
-        "iface eth0 inet6 auto\n  accept_ra 1\n"
+        "# see C:\\\n"
+        "iface eth0 inet6 dhcp\n  accept_ra 0\n  accept_ra 2\n"
         "iface eth1 inet manual\n  bond-master bond0\n"
-        "iface eth2 inet6 auto\n"
-        "source interfaces.d/*\n"
-        "  accept_ra 0\n"  # misplaced after source: no stanza's (ifup says so)
         "iface br0 inet6 auto\n  bridge_ports \\\n    eth5 eth6\n"
+        "iface br1 inet6 auto\n  bridge_ports eth7 \\ \n  accept_ra 0\n"
+        "iface br2 inet6 auto\r\n  bridge_ports eth8 \\\r\n  accept_ra 0\r\n"
+        "source interfaces.d/*\n"
         "source-directory dirs/*\n"
     )
-    (net / "interfaces.d/more").write_text(
-        "iface eth0 inet6 auto\n  mtu 1400\n"
-        "iface eth1 inet manual\n  mtu 9000\n"
-        "iface eth3 inet6 auto\n"
-    )
+    (net / "interfaces.d/mtu").write_text("iface eth1 inet manual\n  mtu 9000\n")
     (net / "dirs/a/vlan7").write_text("iface vlan7 inet6 auto\n  vlan-raw-device eth4\n")
     (net / "dirs/a/\u00e9th9").write_text("iface eth9 inet6 auto\n")  # not ASCII: skipped
-    stanzas, sources = owners.ifupdown_parsed(root)
-    assert stanzas[("eth0", "inet6")] == {"method": "auto", "accept_ra": "1", "mtu": "1400"}
-    assert owners.detect(root, "eth0").source == str(net / "interfaces")  # its accept_ra
+    stanzas = {(st.ifname, st.family): st.options for st in owners.ifupdown_stanza_list(root)}
+    assert stanzas[("eth0", "inet6")] == {"method": "dhcp", "accept_ra": "0"}
     master = owners.ifupdown_master(root, "eth1")
     assert (master.master, master.source) == ("bond0", str(net / "interfaces"))
-    assert "accept_ra" not in stanzas[("eth2", "inet6")]
-    assert "accept_ra" not in stanzas[("eth3", "inet6")]
     assert stanzas[("br0", "inet6")]["bridge_ports"] == "eth5 eth6"
+    assert stanzas[("br1", "inet6")] == {
+        "method": "auto",
+        "bridge_ports": "eth7 \\",
+        "accept_ra": "0",
+    }
+    assert stanzas[("br2", "inet6")] == {
+        "method": "auto",
+        "bridge_ports": "eth8 \\",
+        "accept_ra": "0",
+    }
     port = owners.ifupdown_master(root, "eth6")
     assert (port.master, port.kind) == ("br0", "bridge")
     vlan = owners.ifupdown_device(root, "vlan7")

@@ -100,29 +100,12 @@ def manager_keeps_ra(root: Path, owner: owners.Owner) -> bool:
     return False
 
 
-# The accept_ra that ifupdown writes at ifup when its inet6 stanza sets none, per method.
-# interfaces(5) of bookworm's ifupdown 0.8.41, INET6 ADDRESS FAMILY: "The auto Method ...
-# accept_ra int ... Default value: "2"", "The dhcp Method ... accept_ra int ... Default
-# value: "1"", "The static Method" lists accept_ra without a default: ifupdown writes it
-# only when it is set, except that its inet6.defn converts 'gateway (if_set 0)
-# =accept_ra?', so a static stanza with a gateway and no accept_ra gets 0. Only these three
-# methods write accept_ra at all (manual, loopback, v4tunnel and 6to4 do not).
-IFUPDOWN_ACCEPT_RA_DEFAULT = {"auto": "2", "dhcp": "1", "static": None}
-
-
 def ifupdown_accept_ra(owner: owners.Owner) -> Optional[str]:
-    """The accept_ra ifupdown writes for the interface at ifup, or None when it writes none."""
-    if owner.name != owners.IFUPDOWN or owner.inet6 is None:
+    """The accept_ra ifupdown leaves for the interface at ifup (that of the stanza that
+    decides, owner.ifupdown_deciding), or None when it writes none."""
+    if owner.name != owners.IFUPDOWN:
         return None
-    method = owner.inet6.get("method", "")
-    if method not in IFUPDOWN_ACCEPT_RA_DEFAULT:
-        return None
-    value = owner.inet6.get("accept_ra")
-    if value is not None:
-        return value.strip()
-    if method == "static" and owner.inet6.get("gateway"):
-        return "0"
-    return IFUPDOWN_ACCEPT_RA_DEFAULT[method]
+    return owners.stanza_accept_ra(owner.inet6)
 
 
 def ifupdown_conflicts(owner: owners.Owner) -> bool:

@@ -58,9 +58,11 @@ class Owner:
         return self.name in (NETWORKD, NETWORKMANAGER)
 
 
-def _read(path: Path) -> Optional[str]:
+def _read(path: Path, newline: Optional[str] = None) -> Optional[str]:
+    """The file's text (newline="": line ends kept as they are, CRs included)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace", newline=newline) as f:
+            return f.read()
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError as exc:
@@ -349,20 +351,25 @@ def nm_device_managed(root: Path, index: Optional[int]) -> Optional[bool]:
 
 
 def _logical_lines(text: str) -> List[str]:
-    """ifupdown's lines: a line ending in a backslash goes on with the next one; then
-    blank lines and lines starting with # (comments start a line only) are left out."""
+    """ifupdown's lines (config.c get_line): split on newlines only; a line starting
+    with # after its leading blanks is a comment, and never goes on; a line whose last
+    character is a backslash (before any trailing blank is trimmed) goes on with the
+    next one; blank lines are left out."""
     lines: List[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        raw = raw.rstrip()
+    pending: Optional[str] = None
+    for raw in text.split("\n"):
+        if pending is None:
+            if raw.strip().startswith("#"):
+                continue
+            pending = ""
         if raw.endswith("\\"):
             pending += raw[:-1]
             continue
         line = (pending + raw).strip()
-        pending = ""
-        if line and not line.startswith("#"):
+        pending = None
+        if line:
             lines.append(line)
-    if pending.strip() and not pending.strip().startswith("#"):
+    if pending and pending.strip():
         lines.append(pending.strip())
     return lines
 
@@ -379,7 +386,7 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]
     if path in seen:
         return []
     seen.add(path)
-    text = _read(path)
+    text = _read(path, newline="")  # ifup reads bytes: a CR stays, before the newline
     if text is None:
         return []
     lines: List[Tuple[str, Path]] = []
@@ -409,51 +416,75 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]
     return lines
 
 
-# (ifname, family) -> {option: the file of the line that set it last}, "method" for the
-# iface line: ifupdown runs a repeated stanza's parts in order, so the last one counts.
-Sources = Dict[tuple, Dict[str, Path]]
+@dataclass
+class Stanza:
+    """One iface stanza as ifup reads it: each is its own logical interface definition,
+    run in file order with the others of the same name and family."""
+
+    ifname: str
+    family: str
+    options: Dict[str, str]  # 'method' and the options (an option's first value)
+    source: Path  # the file it is in (a stanza ends with its file)
 
 
-def ifupdown_parsed(root: Path) -> Tuple[Dict[tuple, Dict[str, str]], Sources]:
-    """(ifname, family) -> {'method': ..., option: value} from /etc/network/interfaces and
-    the files it sources (a stanza repeated, in one file or several, adds up, its last
-    value of each option counting), and where each of those was set."""
-    stanzas: Dict[tuple, Dict[str, str]] = {}
-    sources: Sources = {}
-    current: Optional[Dict[str, str]] = None
-    where: Dict[str, Path] = {}
+def ifupdown_stanza_list(root: Path) -> List[Stanza]:
+    """The iface stanzas of /etc/network/interfaces and the files it sources, in the
+    order ifup reads them."""
+    stanzas: List[Stanza] = []
+    current: Optional[Stanza] = None
     last: Optional[Path] = None
     for line, path in _ifupdown_lines(root, root / "etc/network/interfaces", set()):
         words = line.split()
         if path != last:  # a stanza ends with its file (ifupdown reads each on its own)
             current, last = None, path
         if words[0] == "iface" and len(words) >= 4:
-            key = (words[1], words[2])
-            current = stanzas.setdefault(key, {})
-            where = sources.setdefault(key, {})
-            current["method"] = words[3]
-            where["method"] = path
+            current = Stanza(words[1], words[2], {"method": words[3]}, path)
+            stanzas.append(current)
         elif words[0] in IFUPDOWN_STANZAS or words[0].startswith("allow-"):
             current = None
         elif current is not None:
-            current[words[0]] = " ".join(words[1:])
-            where[words[0]] = path
-    return stanzas, sources
+            # ifup joins a repeated option's values with newlines and runs the first.
+            current.options.setdefault(words[0], " ".join(words[1:]))
+    return stanzas
 
 
-def ifupdown_source(sources: Sources, key: tuple, *options: str) -> str:
-    """The file that set the first of options the stanza has (that of its iface line
-    where it has none of them)."""
-    where = sources[key]
-    for option in options:
-        if option in where:
-            return str(where[option])
-    return str(where["method"])
+# The accept_ra that ifupdown writes at ifup when an inet6 stanza sets none, per method.
+# interfaces(5) of bookworm's ifupdown 0.8.41, INET6 ADDRESS FAMILY: "The auto Method ...
+# accept_ra int ... Default value: "2"", "The dhcp Method ... accept_ra int ... Default
+# value: "1"", "The static Method" lists accept_ra without a default: ifupdown writes it
+# only when it is set, except that its inet6.defn converts 'gateway (if_set 0)
+# =accept_ra?', so a static stanza with a gateway and no accept_ra gets 0. Only these three
+# methods write accept_ra at all (manual, loopback, v4tunnel and 6to4 do not).
+IFUPDOWN_ACCEPT_RA_DEFAULT = {"auto": "2", "dhcp": "1", "static": None}
 
 
-def ifupdown_stanzas(root: Path) -> Dict[tuple, Dict[str, str]]:
-    """(ifname, family) -> {'method': ..., option: value} (ifupdown_parsed)."""
-    return ifupdown_parsed(root)[0]
+def stanza_accept_ra(inet6: Optional[Dict[str, str]]) -> Optional[str]:
+    """The accept_ra one inet6 stanza (method and options) writes at ifup, or None."""
+    if inet6 is None:
+        return None
+    method = inet6.get("method", "")
+    if method not in IFUPDOWN_ACCEPT_RA_DEFAULT:
+        return None
+    value = inet6.get("accept_ra")
+    if value is not None:
+        return value.strip()
+    if method == "static" and inet6.get("gateway"):
+        return "0"
+    return IFUPDOWN_ACCEPT_RA_DEFAULT[method]
+
+
+def ifupdown_deciding(stanzas: List[Stanza], ifname: str) -> Optional[Stanza]:
+    """The stanza of ifname whose accept_ra stays after ifup: ifup runs every iface
+    stanza of the name in order, each with its own options and its method's defaults,
+    so the last inet6 stanza that writes accept_ra decides; else its last inet6
+    stanza, else its last stanza of any family (None where it has none)."""
+    mine = [s for s in stanzas if s.ifname == ifname]
+    inet6 = [s for s in mine if s.family == "inet6"]
+    writing = [s for s in inet6 if stanza_accept_ra(s.options) is not None]
+    for found in (writing, inet6, mine):
+        if found:
+            return found[-1]
+    return None
 
 
 # --- all together ---------------------------------------------------------------------------
@@ -487,13 +518,12 @@ def detect(root: Path, ifname: str) -> Owner:
             return Owner(
                 NETWORKMANAGER, conn["path"], connection=conn["id"], ipv6_method=conn["method"]
             )
-    stanzas, sources = ifupdown_parsed(root)
-    for family in ("inet6", "inet"):
-        if (ifname, family) in stanzas:
-            # The file that sets accept_ra, else the one of the stanza's iface line (an
-            # interfaces.d file, where the stanza is there): what advice names.
-            source = ifupdown_source(sources, (ifname, family), "accept_ra")
-            return Owner(IFUPDOWN, source, inet6=stanzas.get((ifname, "inet6")))
+    stanza = ifupdown_deciding(ifupdown_stanza_list(root), ifname)
+    if stanza is not None:
+        # The file of the stanza whose accept_ra counts (an interfaces.d file, where
+        # that stanza is there): what advice and findings name.
+        inet6 = stanza.options if stanza.family == "inet6" else None
+        return Owner(IFUPDOWN, str(stanza.source), inet6=inet6)
     return Owner()
 
 
@@ -607,38 +637,35 @@ def _ifupdown_vlan_name(ifname: str, options: Dict[str, str]) -> bool:
 def ifupdown_master(root: Path, ifname: str) -> Optional[Stacked]:
     """The bond or bridge ifupdown puts ifname in: bond-master on its stanza, or its name
     in a bond's bond-slaves or a bridge's bridge_ports."""
-    stanzas, sources = ifupdown_parsed(root)
-    for (name, family), options in stanzas.items():
-        if name == ifname and options.get("bond-master"):
-            master = options["bond-master"].split()[0]
-            source = ifupdown_source(sources, (name, family), "bond-master")
-            return Stacked(IFUPDOWN, "bond", f"bond-master {master}", source, master)
-    for (name, family), options in stanzas.items():
+    stanzas = ifupdown_stanza_list(root)
+    for stanza in stanzas:
+        if stanza.ifname == ifname and stanza.options.get("bond-master"):
+            master = stanza.options["bond-master"].split()[0]
+            return Stacked(IFUPDOWN, "bond", f"bond-master {master}", str(stanza.source), master)
+    for stanza in stanzas:
         for key, kind in IFUPDOWN_PORT_LISTS:
-            if ifname in (options.get(key) or "").split():
-                how = f"{key} {options[key]} ('iface {name} {family}')"
-                source = ifupdown_source(sources, (name, family), key)
-                return Stacked(IFUPDOWN, kind, how, source, name)
+            value = stanza.options.get(key) or ""
+            if ifname in value.split():
+                how = f"{key} {value} ('iface {stanza.ifname} {stanza.family}')"
+                return Stacked(IFUPDOWN, kind, how, str(stanza.source), stanza.ifname)
     return None
 
 
 def ifupdown_device(root: Path, ifname: str) -> Optional[Stacked]:
     """What kind of device an ifupdown stanza of ifname makes: bond, bridge, vlan."""
-    stanzas, sources = ifupdown_parsed(root)
-    for (name, family), options in stanzas.items():
-        if name != ifname:
+    for stanza in ifupdown_stanza_list(root):
+        if stanza.ifname != ifname:
             continue
-        key = (name, family)
+        options, source = stanza.options, str(stanza.source)
+        name, family = stanza.ifname, stanza.family
         for option in ("bond-slaves", "bond-mode", "bond_mode"):
             if option in options:
-                how = f"'iface {name} {family}' with {option}"
-                return Stacked(IFUPDOWN, "bond", how, ifupdown_source(sources, key, option))
+                return Stacked(IFUPDOWN, "bond", f"'iface {name} {family}' with {option}", source)
         for option in ("bridge_ports", "bridge-ports"):
             if option in options:
                 how = f"'iface {name} {family}' with {option}"
-                return Stacked(IFUPDOWN, "bridge", how, ifupdown_source(sources, key, option))
+                return Stacked(IFUPDOWN, "bridge", how, source)
         if _ifupdown_vlan_name(ifname, options):
-            source = ifupdown_source(sources, key, "vlan-raw-device", "vlan_raw_device")
             return Stacked(IFUPDOWN, "vlan", f"'iface {name} {family}' (vlan)", source)
     return None
 
