@@ -1842,8 +1842,9 @@ def test_ifupdown_repeated_stanzas_run_in_order(tmp_path, monkeypatch, capsys):
 def test_ifupdown_lines_as_ifup_reads_them(tmp_path):
     """config.c get_line: a comment never goes on, even ending in a backslash; a
     backslash goes on only as the line's last character (not before a blank or a CR);
-    an option given twice in a stanza writes its first value; source-directory takes
-    shell wildcards and ASCII names only; a stanza's options are named by its file."""
+    an option given twice in a stanza writes its first value; source-directory (any word
+    starting with source-dir) takes shell wildcards and ASCII names only; a bare auto or
+    allow-* does not end a stanza; a stanza's options are named by its file."""
     root = tmp_path / "root"
     net = root / "etc/network"
     (net / "interfaces.d").mkdir(parents=True)
@@ -1855,8 +1856,9 @@ def test_ifupdown_lines_as_ifup_reads_them(tmp_path):
         "iface br0 inet6 auto\n  bridge_ports \\\n    eth5 eth6\n"
         "iface br1 inet6 auto\n  bridge_ports eth7 \\ \n  accept_ra 0\n"
         "iface br2 inet6 auto\r\n  bridge_ports eth8 \\\r\n  accept_ra 0\r\n"
+        "iface eth2 inet6 dhcp\n  auto\n  allow-hotplug\n  accept_ra 2\n"
         "source interfaces.d/*\n"
-        "source-directory dirs/*\n"
+        "source-dir dirs/*\n"  # ifup: any word starting with source-dir
     )
     (net / "interfaces.d/mtu").write_text("iface eth1 inet manual\n  mtu 9000\n")
     (net / "dirs/a/vlan7").write_text("iface vlan7 inet6 auto\n  vlan-raw-device eth4\n")
@@ -1881,3 +1883,5 @@ def test_ifupdown_lines_as_ifup_reads_them(tmp_path):
     vlan = owners.ifupdown_device(root, "vlan7")
     assert (vlan.kind, vlan.source) == ("vlan", str(net / "dirs/a/vlan7"))
     assert ("eth9", "inet6") not in stanzas
+    # a bare auto or allow-* in a stanza marks its interface; the stanza goes on
+    assert stanzas[("eth2", "inet6")] == {"method": "dhcp", "accept_ra": "2"}

@@ -39,7 +39,29 @@ WANTS = (
     "etc/systemd/system/network-online.target.wants",
     "etc/systemd/system/sockets.target.wants",
 )
-IFUPDOWN_STANZAS = ("iface", "mapping", "auto", "source", "source-directory", "rename")
+# Lines that end the stanza before them (config.c read_interfaces_defn): these always;
+# auto, allow-*, no-auto-down and no-scripts only with interface names after them (alone
+# in a stanza, they name its interface and the stanza goes on).
+IFUPDOWN_STANZAS = ("iface", "mapping", "source", "rename")
+IFUPDOWN_MARKS = ("auto", "no-auto-down", "no-scripts")
+
+
+def _source_keyword(word: str) -> Optional[str]:
+    """source, or source-directory (ifup takes any word starting with source-dir for
+    it), or None."""
+    if word == "source":
+        return "source"
+    return "source-directory" if word.startswith("source-dir") else None
+
+
+def _ends_stanza(words: List[str]) -> bool:
+    """Whether a line that is not an iface line ends the stanza before it."""
+    first = words[0]
+    if first in IFUPDOWN_STANZAS or _source_keyword(first):
+        return True
+    if first in IFUPDOWN_MARKS or (first.startswith("allow-") and len(first) > 6):
+        return len(words) > 1
+    return False
 
 
 @dataclass
@@ -393,7 +415,8 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]
     for line in _logical_lines(text):
         words = line.split()
         lines.append((line, path))
-        if words[0] not in ("source", "source-directory") or len(words) < 2:
+        keyword = _source_keyword(words[0])
+        if keyword is None or len(words) < 2:
             continue
         # Relative paths are relative to the directory of the current file; shell
         # wildcards may be used in both (ifupdown expands them with wordexp).
@@ -401,7 +424,7 @@ def _ifupdown_lines(root: Path, path: Path, seen: set) -> List[Tuple[str, Path]]
             root / words[1].lstrip("/") if words[1].startswith("/") else path.parent / words[1]
         )
         matches = [Path(match) for match in sorted(glob.glob(str(target)))]
-        if words[0] == "source":
+        if keyword == "source":
             for match in matches:
                 lines.extend(_ifupdown_lines(root, match, seen))
             continue
@@ -440,8 +463,12 @@ def ifupdown_stanza_list(root: Path) -> List[Stanza]:
         if words[0] == "iface" and len(words) >= 4:
             current = Stanza(words[1], words[2], {"method": words[3]}, path)
             stanzas.append(current)
-        elif words[0] in IFUPDOWN_STANZAS or words[0].startswith("allow-"):
+        elif _ends_stanza(words):
             current = None
+        elif current is not None and (
+            words[0] in IFUPDOWN_MARKS or (words[0].startswith("allow-") and len(words[0]) > 6)
+        ):
+            continue  # alone in a stanza: marks its interface, not an option
         elif current is not None:
             # ifup joins a repeated option's values with newlines and runs the first.
             current.options.setdefault(words[0], " ".join(words[1:]))
