@@ -104,6 +104,15 @@ def atomic_write(
         handle.write(data)
 
 
+def make_dirs(*directories: Path) -> None:
+    """mkdir -p each; an error names the directory."""
+    for directory in directories:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise Error(f"cannot create {directory}: {exc.strerror}") from None
+
+
 def read_text(path: Path) -> Optional[str]:
     """The UTF-8 text of path, None when it does not exist; any other failure is an Error."""
     try:

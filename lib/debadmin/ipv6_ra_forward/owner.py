@@ -54,14 +54,17 @@ def _source_keyword(word: str) -> Optional[str]:
     return "source-directory" if word.startswith("source-dir") else None
 
 
+def _mark(word: str) -> bool:
+    """auto, allow-*, no-auto-down or no-scripts."""
+    return word in IFUPDOWN_MARKS or (word.startswith("allow-") and len(word) > 6)
+
+
 def _ends_stanza(words: List[str]) -> bool:
     """Whether a line that is not an iface line ends the stanza before it."""
     first = words[0]
     if first in IFUPDOWN_STANZAS or _source_keyword(first):
         return True
-    if first in IFUPDOWN_MARKS or (first.startswith("allow-") and len(first) > 6):
-        return len(words) > 1
-    return False
+    return _mark(first) and len(words) > 1
 
 
 @dataclass
@@ -465,9 +468,7 @@ def ifupdown_stanza_list(root: Path) -> List[Stanza]:
             stanzas.append(current)
         elif _ends_stanza(words):
             current = None
-        elif current is not None and (
-            words[0] in IFUPDOWN_MARKS or (words[0].startswith("allow-") and len(words[0]) > 6)
-        ):
+        elif current is not None and _mark(words[0]):
             continue  # alone in a stanza: marks its interface, not an option
         elif current is not None:
             # ifup joins a repeated option's values with newlines and runs the first.

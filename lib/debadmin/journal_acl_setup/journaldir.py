@@ -208,13 +208,6 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and os.path.isdir("/run/systemd/system")
 
 
-def make_dirs(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Error(f"cannot create {directory}: {exc.strerror}") from None
-
-
 def writable(directory: Path) -> None:
     """Raise unless files can be created in directory or, if it is missing, where it goes."""
     probe = directory
@@ -281,7 +274,7 @@ def locked(root: Path, dry_run: bool) -> Any:
         return
     path = lock_path(root)
     writable(path.parent)
-    make_dirs(path.parent)
+    fsutil.make_dirs(path.parent)
     with fsutil.locked(path):
         parent = contained(root, JOURNAL_DIR).parent
         try:
@@ -300,5 +293,5 @@ def locked(root: Path, dry_run: bool) -> Any:
 
 
 def write_file(path: Path, text: str) -> None:
-    make_dirs(path.parent)
+    fsutil.make_dirs(path.parent)
     fsutil.atomic_write(path, text)

@@ -22,7 +22,6 @@ from debadmin.journal_acl_setup.journaldir import (
     TMPFILES_DROPIN,
     acl_state,
     journal_uids,
-    make_dirs,
     not_read_only,
     open_journal,
     probe_acl_support,
@@ -109,7 +108,7 @@ def setup_steps(state: State, codes: Set[str]) -> List[Step]:
     root, journal = state.root, state.journal
     steps: List[Step] = []
     if "journal-missing" in codes:
-        steps.append((f"create {journal}", lambda: make_dirs(journal)))
+        steps.append((f"create {journal}", lambda: fsutil.make_dirs(journal)))
     setup = state.exists and bool(codes & {"journal-ownership"})
     if setup:
         where = root / acl_state().STATE_DIR / acl_state().STATE_FILE

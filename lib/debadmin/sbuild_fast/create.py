@@ -467,15 +467,6 @@ def scratch_dir(parent: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def make_directories(*directories: Path) -> None:
-    """mkdir -p each; an error names the directory."""
-    for directory in directories:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise Error(f"cannot create {directory}: {exc.strerror}") from None
-
-
 def remove_stale_scratch(parent: Path) -> None:
     """Scratch dirs left by a killed run (the caller holds the lock, so nobody uses them)."""
     try:
@@ -555,7 +546,7 @@ def create_unshare(
         # What would refuse the cache (no subordinate ids, no ACLs, a mask that would
         # have to widen) refuses before anything is written, not after the tarball.
         unshare_cache_plan()
-    make_directories(cache_dir, state_dir)
+    fsutil.make_dirs(cache_dir, state_dir)
     with fsutil.locked(state_dir / "lock"):
         if from_record:
             recipe = reread_recipe(state_dir, recipe, mirror)
@@ -707,7 +698,7 @@ def create_schroot(
             "command": argv,
             "schroot_conf": str(conf),
         }
-    make_directories(base / "gen", state_dir, root / sbs.SCHROOT_CONF_DIR)
+    fsutil.make_dirs(base / "gen", state_dir, root / sbs.SCHROOT_CONF_DIR)
     with fsutil.locked(base / "lock"):
         if from_record:
             recipe = reread_recipe(state_dir, recipe, mirror)
