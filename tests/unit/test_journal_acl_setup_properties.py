@@ -262,7 +262,7 @@ def apply_group(root, journal, gid):
         store.begin()
         store.set_applied({**previous, name: gid})
         store.commit()
-        _, refused = jgrant.grant_tree(
+        _, refused, _ = jgrant.grant_tree(
             journal,
             {name: gid},
             jdir.journal_uids(root),

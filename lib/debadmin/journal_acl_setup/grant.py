@@ -4,21 +4,23 @@ inode recorded in the state before its change."""
 from __future__ import annotations  # annotations stay text: typing is never imported
 
 import os
+import time
 from pathlib import Path
 
 from debadmin.errors import Error
 from debadmin.journal_acl_setup import walk as walker
 from debadmin.journal_acl_setup.dropin import read_tmpfiles_dropin
 from debadmin.journal_acl_setup.groups import STOCK_GROUP
-from debadmin.journal_acl_setup.journaldir import acl_state, open_journal
+from debadmin.journal_acl_setup.journaldir import acl_state, is_host, open_journal
 from debadmin.journal_acl_setup.messages import log
-from debadmin.journal_acl_setup.scan import State
+from debadmin.journal_acl_setup.scan import State, skip_findings
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-    Verdict = Tuple[Optional[bytes], Optional[bytes], Set[int]]
+    # new access and default attributes, the gids the ACLs name, the record's later
+    Verdict = Tuple[Optional[bytes], Optional[bytes], Set[int], str]
 
 
 # Changes waiting for their records' commit: descriptors kept open, one commit (fsyncs
@@ -48,19 +50,73 @@ def batch_size() -> int:
 
 
 VERDICTS_MAX = 4096  # distinct (attributes, mode, group, type) remembered by one walk
+DIRS_MAX = 4096  # directories whose mtime one walk remembers (unchanged)
+# The clock the kernel sets file times from (current_time(): the coarse real-time clock,
+# advanced once a tick): two changes within one tick leave the same mtime.
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)
+SECOND = 1_000_000_000
 
 
-def _verdict(raw: Tuple[bytes, bytes], st: os.stat_result, gids: Set[int], is_dir: bool):
+def coarse_ns() -> int:
+    return time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
+
+
+def _cut(mtime: int) -> int:
+    """How much earlier than the change mtime may be: nothing where it has a fraction of
+    a second (ext4, xfs, btrfs and tmpfs keep nanoseconds), up to 2 s for a whole
+    second (ext4's small inodes keep seconds; FAT two)."""
+    return 1 if mtime % SECOND else 2 * SECOND
+
+
+def clock_past(fd: int) -> int:
+    """The coarse clock, once it has moved past the mtime of the directory open as fd
+    (apply's ACL probe made and removed a file there a moment ago: a tick, a few ms, to
+    wait at most), for unchanged()."""
+    mtime = os.fstat(fd).st_mtime_ns
+    now = coarse_ns()
+    waits = 0
+    while mtime + _cut(mtime) > now and _cut(mtime) == 1 and waits < 50:
+        time.sleep(0.001)
+        now, waits = coarse_ns(), waits + 1
+    return now
+
+
+def unchanged(dirs: List[Tuple[str, int, int, int]], start_ns: int) -> bool:
+    """Whether no name was added to, removed from or renamed in any directory of dirs
+    (path, st_dev, st_ino, st_mtime_ns as the walk opened it, before reading it) since
+    the walk began (start_ns: the coarse clock then): each still the same inode at the
+    same path with the same mtime, older than start_ns, so that any change since would
+    have set a later one.  What the walk read of each is then all it holds; a journald
+    rotating a file meanwhile (a rename) is caught, as is a file made in a directory
+    before its default ACL was set."""
+    for path, dev, ino, mtime in dirs:
+        if mtime + _cut(mtime) > start_ns:
+            return False
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino, st.st_mtime_ns) != (dev, ino, mtime):
+            return False
+    return True
+
+
+def _verdict(
+    raw: Tuple[bytes, bytes], st: os.stat_result, gids: Set[int], is_dir: bool, previous
+) -> Verdict:
     """What apply makes of an inode's ACLs (raw: its attributes): the new access and
-    default ACL attributes, packed (None: left as they are), and the gids its ACLs
-    name.  Shared by every inode with the same verdict."""
+    default ACL attributes, packed (None: left as they are), the gids its ACLs name,
+    and of those the groups applied before (previous), as the record's later column
+    writes them.  Shared by every inode with the same verdict."""
     access = walker.parse(raw[0]) or walker.from_mode(st.st_mode)
     default = walker.parse(raw[1])
     new_access, new_default = walker.grant_all(access, default, st.st_gid, gids, is_dir)
+    holds = walker.named_gids(access) | walker.named_gids(default)
     return (
         walker.posixacl.pack(new_access) if new_access != access else None,
         None if new_default in (None, default) else walker.posixacl.pack(new_default),
-        walker.named_gids(access) | walker.named_gids(default),
+        holds,
+        acl_state().ids_text(holds & previous),
     )
 
 
@@ -72,7 +128,8 @@ def grant_tree(
     say: Callable[[str], None],
     first: Set[int] = frozenset(),
     previous: Set[int] = frozenset(),
-) -> Tuple[walker.Skips, List[Tuple[str, str]]]:
+    direct: bool = False,
+) -> Tuple[walker.Skips, List[Tuple[str, str]], Optional[int]]:
     """Give every group read access and a default ACL, on each descriptor under journal.
 
     Only what is missing is added (a named entry, the mask widened by the bits it needs,
@@ -87,9 +144,14 @@ def grant_tree(
     (previous) whose entries it holds (inherited from apply's default ACLs: revert of
     them takes them off).  A directory or file that refuses its ACL (a full
     extended-attribute block: ENOSPC; EPERM; EROFS) is listed with the reason and the
-    walk goes on.  Returns what the walk skipped and what was refused.
+    walk goes on.  direct: the host's own journal (walker.walk).
+
+    Returns what the walk skipped, what was refused, and where nothing was and no
+    directory changed while it ran (unchanged), how many paths it walked: what a scan of
+    the tree would find now is then known without one (the grant's after-check).
     """
     gids = set(groups.values())
+    gids_text = acl_state().ids_text(gids)
     generation = acl_state().generation
     # What apply makes of an inode depends on its attributes, mode, group and type
     # alone, and a journal has a few distinct ones: each worked out once.
@@ -98,6 +160,8 @@ def grant_tree(
     refused: List[Tuple[str, str]] = []
     pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
     rows: List[tuple] = []  # their records, written in one statement before the commit
+    dirs: List[Tuple[str, int, int, int]] = []  # the directories walked, for unchanged()
+    walked = 0
 
     def refuse(path: str, exc: walker.AclError) -> None:
         refused.append((path, str(exc)))
@@ -125,9 +189,14 @@ def grant_tree(
         raise Error(f"{journal} does not exist")
     skips = walker.Skips()
     try:
+        start_ns = clock_past(fd)
         store.begin()
         try:
-            for node in walker.walk(fd, str(journal), uids, skips):
+            for node in walker.walk(fd, str(journal), uids, skips, direct=direct):
+                walked += 1
+                if node.is_dir and len(dirs) <= DIRS_MAX:
+                    st = node.st
+                    dirs.append((node.path, st.st_dev, st.st_ino, st.st_mtime_ns))
                 try:
                     raw = node.raw()  # read once: parsed here, recorded below
                 except walker.AclError as exc:
@@ -137,13 +206,13 @@ def grant_tree(
                 verdict = verdicts.get(seen)
                 if verdict is None:
                     try:
-                        verdict = _verdict(raw, node.st, gids, node.is_dir)
+                        verdict = _verdict(raw, node.st, gids, node.is_dir, previous)
                     except walker.AclError as exc:
                         refuse(node.path, exc)
                         continue
                     if len(verdicts) < VERDICTS_MAX:
                         verdicts[seen] = verdict
-                new_access, new_default, holds = verdict
+                new_access, new_default, holds, later_text = verdict
                 if new_access is None and new_default is None:
                     if holds & first:
                         key = (node.st.st_ino, generation(node.fd))
@@ -158,7 +227,7 @@ def grant_tree(
                 # Most inodes have no record (a first apply: none has): the batch's
                 # records go in with one INSERT OR IGNORE; one that has a record gets
                 # record()'s rules (Store.record_many).
-                rows.append((*key, node.is_dir, node.st.st_mode, *raw, gids, holds & previous))
+                rows.append((*key, node.is_dir, node.st.st_mode, *raw, gids_text, later_text))
                 # The walk closes node.fd once it moves on: the change keeps its own.
                 pending.append((node.take(), new_access, new_default))
                 if len(pending) >= batch:
@@ -171,7 +240,8 @@ def grant_tree(
         store.commit()
     finally:
         os.close(fd)
-    return skips, refused
+    settled = not refused and len(dirs) <= DIRS_MAX and unchanged(dirs, start_ns)
+    return skips, refused, walked if settled else None
 
 
 def record_setup(root: Path, journal: Path, after: bool) -> None:
@@ -215,7 +285,7 @@ def granting(state: State, uids: Set[int]) -> None:
         store.begin()
         store.set_applied({**previous, **state.groups})
         store.commit()
-        skips, refused = grant_tree(
+        skips, refused, walked = grant_tree(
             state.journal,
             state.groups,
             set(uids),
@@ -223,9 +293,12 @@ def granting(state: State, uids: Set[int]) -> None:
             print,
             first=first,
             previous=set(previous.values()) | lost,
+            direct=is_host(state.root),
         )
     finally:
         store.close()
     for skip in skips.items():
         log.warning("%s", skip.message)
     state.refused = refused
+    if walked is not None:
+        state.walked = (skip_findings(skips), walked)

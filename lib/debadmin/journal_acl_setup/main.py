@@ -93,7 +93,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         configured = configured_groups(root) if args.group else names
         add_to_config = [n for n in groups if n not in configured]
         # A dry run lists everything; apply stops reading at the first path a group
-        # cannot read (its grant walk goes through them all, and the scan after it too).
+        # cannot read (its grant walk goes through them all, and says what is left).
         state = inspect(root, groups, keep=LISTED, enough=not args.dry_run)
         metrics.findings(state.findings)
         for item in state.findings:
@@ -113,7 +113,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             action()
             say(f"done: {text}")
         flush(root, False, say)
-        after = inspect(root, groups, keep=LISTED)
+        # The tree as the grant walk left it, scanned again unless that walk vouches
+        # for it: nothing refused, no directory changed while it ran (grant.unchanged).
+        after = inspect(root, groups, keep=LISTED, walked=state.walked)
         metrics.findings(after.findings)
     return verdict(state, after)
 

@@ -61,6 +61,9 @@ class State:
         self.storage, self.storage_source = storage, storage_source
         self.exists, self.findings, self.checked = exists, findings, checked
         self.refused: List[Tuple[str, str]] = []  # (path, why) apply could not grant
+        # What apply's grant walk found, where it vouches for the tree as it is now
+        # (grant.unchanged): its findings and how many paths it walked.
+        self.walked: Optional[Tuple[List[Finding], int]] = None
 
     def codes(self) -> Set[str]:
         return {f["code"] for f in self.findings if f["severity"] == "action"}
@@ -105,7 +108,8 @@ def scan(
     the rest (apply needs to know what is missing, not 200,000 names of it).
 
     enough: stop at the first path a group cannot read or inherit from: what apply needs
-    to know before its grant walk (it scans the whole tree again once that is done).
+    to know before its grant walk (which then says what is left, or the tree is scanned
+    again: main.cmd_apply).
     """
     skips = walker.Skips()
     counts: Dict[Tuple[str, str], int] = {}
@@ -224,9 +228,16 @@ def scan(
 
 
 def inspect(
-    root: Path, groups: Dict[str, int], keep: Optional[int] = None, enough: bool = False
+    root: Path,
+    groups: Dict[str, int],
+    keep: Optional[int] = None,
+    enough: bool = False,
+    walked: Optional[Tuple[List[Finding], int]] = None,
 ) -> State:
-    """Compare the journal directory with what check requires (enough: see scan)."""
+    """Compare the journal directory with what check requires (enough: see scan).
+
+    walked: what apply's grant walk found of the tree, and vouches for (State.walked),
+    taken instead of scanning it again."""
     require_journald(root)
     jgid = journal_gid(root)
     check_paths(root)
@@ -266,7 +277,10 @@ def inspect(
             found.append(
                 finding("journal-ownership", "action", f"{journal}: {problem}", str(journal))
             )
-        tree, checked = scan(fd, journal, groups, journal_uids(root), keep, enough)
+        if walked is not None:
+            tree, checked = walked
+        else:
+            tree, checked = scan(fd, journal, groups, journal_uids(root), keep, enough)
     finally:
         os.close(fd)
     return State(root, journal, groups, storage, source, True, found + tree + boot, checked)

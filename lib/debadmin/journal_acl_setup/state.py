@@ -65,10 +65,14 @@ def generation(fd: int) -> int:
         return 0
 
 
-def _text(gids: Iterable[int]) -> str:
+def ids_text(gids: Iterable[int]) -> str:
+    """gids as a record keeps them: "4,5050" (sorted), "" for none."""
     if not gids:  # most records: nothing inherited
         return ""
     return ",".join(str(g) for g in sorted(set(gids)))
+
+
+_text = ids_text
 
 
 def setup_key(st: os.stat_result, raw: Tuple[bytes, bytes]) -> bytes:
@@ -249,10 +253,11 @@ class Store:
 
     def record_many(self, rows: List[tuple]) -> None:
         """record() for each row (ino, gen, is_dir, mode, access, dflt, gids, later),
-        with later only for an inode without a record (as record() is called for one
-        that has: ()).  One INSERT OR IGNORE for all (a first apply: no inode has a
-        record): where fewer rows went in, record()'s rules for each, which leave the
-        rows inserted here as they are (their gids are the ones given)."""
+        gids and later as ids_text() writes them (a walk's rows share a few), with
+        later only for an inode without a record (as record() is called for one that
+        has: ()).  One INSERT OR IGNORE for all (a first apply: no inode has a record):
+        where fewer rows went in, record()'s rules for each, which leave the rows
+        inserted here as they are (their gids are the ones given)."""
         self._drain()
         self._ahead = {}
         if self.db is None:
@@ -263,16 +268,13 @@ class Store:
             cursor = self.db.executemany(
                 "INSERT OR IGNORE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later))
-                    for ino, gen, is_dir, mode, access, dflt, gids, later in rows
-                ],
+                rows,
             )
         except sqlite3.Error as exc:
             raise Error(f"cannot write {self.path}: {exc}") from None
         if cursor.rowcount != len(rows):
             for ino, gen, is_dir, mode, access, dflt, gids, _ in rows:
-                self.record(ino, gen, is_dir, mode, access, dflt, gids, ())
+                self.record(ino, gen, bool(is_dir), mode, access, dflt, _ids(gids), ())
 
     def set_gids(self, ino: int, gen: int, gids: Iterable[int]) -> None:
         self._write(
