@@ -254,12 +254,6 @@ def not_read_only(path: Path) -> None:
         raise Error(f"{path} is on a read-only file system: nothing changed")
 
 
-def is_host(root: Path) -> bool:
-    """Whether root is this host's own /, however it is spelt (--root //, a symbolic
-    link to /): its journal is written by the host's root alone (walk's direct)."""
-    return os.path.realpath(root) == "/"
-
-
 def lock_path(root: Path) -> Path:
     """One lock for apply, revert, the postinst and the boot service."""
     if root == Path("/"):

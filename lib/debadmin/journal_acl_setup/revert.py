@@ -85,14 +85,12 @@ def revoke(
     strip: bool = False,
     setup: bool = False,
     stock: Set[int] = frozenset(),
-    direct: bool = False,
 ) -> Outcome:
     """Revert the groups gone under the directory open as journal_fd (the caller
     closes it).  See the module's docstring.  setup: also give back what apply's setup
     steps changed (ownership.py), where it is still what they left.  stock: gids of
     gone whose entries on the journal directory are systemd's own unless recorded
-    (adm): not taken from files below it that apply did not record.  direct: the
-    host's own journal (walker.walk)."""
+    (adm): not taken from files below it that apply did not record."""
     outcome = Outcome()
     skips = walker.Skips()
     # directory -> gids its default ACL has from apply; the journal's parent: every
@@ -107,7 +105,7 @@ def revoke(
         recorded = state.count_holding(gone)
     if state is not None and state.db is not None and not dry_run:
         state.begin(defer=True)
-    for node in walker.walk(journal_fd, journal, uids, skips, direct=direct):
+    for node in walker.walk(journal_fd, journal, uids, skips):
         parent = from_apply.get(node.path.rpartition("/")[0], set(gone))
         try:
             if _visit(node, setups, gone, state, parent, from_apply, outcome, dry_run):

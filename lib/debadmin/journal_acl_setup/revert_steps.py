@@ -22,7 +22,6 @@ from debadmin.journal_acl_setup.journaldir import (
     DEFAULTS_FILE,
     JOURNAL_DIR,
     TMPFILES_DROPIN,
-    is_host,
     journal_uids,
     not_read_only,
     open_journal,
@@ -109,7 +108,6 @@ class Reverting:
         self.setup = setup  # revert --adm: the journal's setup given back too
         self.also = also or set()  # gids reverted besides gone's (renumbered groups)
         self.uids = journal_uids(root)
-        self.direct = is_host(root)  # files opened at once where only root writes
         self.problems: List[Tuple[Optional[str], str]] = []
         self.noted: Set[str] = set()
 
@@ -130,7 +128,6 @@ class Reverting:
                 dry_run,
                 self.strip,
                 setup=self.setup,
-                direct=self.direct,
                 stock={g for n, g in self.gone.items() if n == STOCK_GROUP},
             )
         finally:
