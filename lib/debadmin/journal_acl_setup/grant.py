@@ -11,7 +11,7 @@ from debadmin.errors import Error
 from debadmin.journal_acl_setup import walk as walker
 from debadmin.journal_acl_setup.dropin import read_tmpfiles_dropin
 from debadmin.journal_acl_setup.groups import STOCK_GROUP
-from debadmin.journal_acl_setup.journaldir import acl_state, is_host, open_journal
+from debadmin.journal_acl_setup.journaldir import acl_state, open_journal
 from debadmin.journal_acl_setup.messages import log
 from debadmin.journal_acl_setup.scan import State, skip_findings
 
@@ -62,10 +62,16 @@ def coarse_ns() -> int:
 
 
 def _cut(mtime: int) -> int:
-    """How much earlier than the change mtime may be: nothing where it has a fraction of
-    a second (ext4, xfs, btrfs and tmpfs keep nanoseconds), up to 2 s for a whole
-    second (ext4's small inodes keep seconds; FAT two)."""
-    return 1 if mtime % SECOND else 2 * SECOND
+    """How much earlier than the change mtime may be, from the zeros it ends in: 1 ns
+    where it has none (ext4, xfs, btrfs and tmpfs keep nanoseconds), 100 ns for two
+    (ntfs3, CIFS), up to 2 s for a whole second (ext4's small inodes keep seconds; FAT
+    two).  A nanosecond time that happens to end in zeros only costs a scan."""
+    if mtime % SECOND == 0:
+        return 2 * SECOND
+    cut = 1
+    while mtime % (cut * 10) == 0:
+        cut *= 10
+    return cut
 
 
 def clock_past(fd: int) -> int:
@@ -75,10 +81,17 @@ def clock_past(fd: int) -> int:
     mtime = os.fstat(fd).st_mtime_ns
     now = coarse_ns()
     waits = 0
-    while mtime + _cut(mtime) > now and _cut(mtime) == 1 and waits < 50:
+    while mtime + _cut(mtime) > now and _cut(mtime) < 1_000_000 and waits < 50:
         time.sleep(0.001)
         now, waits = coarse_ns(), waits + 1
     return now
+
+
+def clock_offset() -> int:
+    """The real-time clock against the monotonic one: it falls by as much as the clock
+    was set or slewed back (a time server), by which a later change's mtime may be
+    older than the clock read at the walk's start."""
+    return time.time_ns() - time.monotonic_ns()
 
 
 def unchanged(dirs: List[Tuple[str, int, int, int]], start_ns: int) -> bool:
@@ -128,7 +141,6 @@ def grant_tree(
     say: Callable[[str], None],
     first: Set[int] = frozenset(),
     previous: Set[int] = frozenset(),
-    direct: bool = False,
 ) -> Tuple[walker.Skips, List[Tuple[str, str]], Optional[int]]:
     """Give every group read access and a default ACL, on each descriptor under journal.
 
@@ -144,11 +156,14 @@ def grant_tree(
     (previous) whose entries it holds (inherited from apply's default ACLs: revert of
     them takes them off).  A directory or file that refuses its ACL (a full
     extended-attribute block: ENOSPC; EPERM; EROFS) is listed with the reason and the
-    walk goes on.  direct: the host's own journal (walker.walk).
+    walk goes on.
 
-    Returns what the walk skipped, what was refused, and where nothing was and no
-    directory changed while it ran (unchanged), how many paths it walked: what a scan of
-    the tree would find now is then known without one (the grant's after-check).
+    Returns what the walk skipped, what was refused, and where nothing was skipped or
+    refused and no directory changed while it ran (unchanged, against the clock at the
+    start less what it was set back since), how many paths it walked: what a scan of the tree would find now is then known
+    without one (the grant's after-check).  A skipped file (a second hard link, another
+    owner) is not vouched for: its link count or owner may change back meanwhile, and no
+    directory's mtime would say so.
     """
     gids = set(groups.values())
     gids_text = acl_state().ids_text(gids)
@@ -189,10 +204,10 @@ def grant_tree(
         raise Error(f"{journal} does not exist")
     skips = walker.Skips()
     try:
-        start_ns = clock_past(fd)
+        start_ns, offset = clock_past(fd), clock_offset()
         store.begin()
         try:
-            for node in walker.walk(fd, str(journal), uids, skips, direct=direct):
+            for node in walker.walk(fd, str(journal), uids, skips):
                 walked += 1
                 if node.is_dir and len(dirs) <= DIRS_MAX:
                     st = node.st
@@ -240,7 +255,13 @@ def grant_tree(
         store.commit()
     finally:
         os.close(fd)
-    settled = not refused and len(dirs) <= DIRS_MAX and unchanged(dirs, start_ns)
+    back = max(0, offset - clock_offset())
+    settled = (
+        not refused
+        and not len(skips)
+        and len(dirs) <= DIRS_MAX
+        and unchanged(dirs, start_ns - back)
+    )
     return skips, refused, walked if settled else None
 
 
@@ -293,7 +314,6 @@ def granting(state: State, uids: Set[int]) -> None:
             print,
             first=first,
             previous=set(previous.values()) | lost,
-            direct=is_host(state.root),
         )
     finally:
         store.close()

@@ -113,8 +113,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             action()
             say(f"done: {text}")
         flush(root, False, say)
-        # The tree as the grant walk left it, scanned again unless that walk vouches
-        # for it: nothing refused, no directory changed while it ran (grant.unchanged).
+        # What is left, scanned again unless the grant walk vouches for the tree:
+        # nothing refused or skipped, no directory changed while it ran
+        # (grant.unchanged).  The flush above only adds files under default ACLs.
         after = inspect(root, groups, keep=LISTED, walked=state.walked)
         metrics.findings(after.findings)
     return verdict(state, after)

@@ -508,7 +508,6 @@ def walk(
     allowed_uids: Set[int],
     skips: Skips,
     open_files: bool = True,
-    direct: bool = False,
 ) -> Iterator[Node]:
     """Yield top and every directory and regular file under it, each open while yielded.
 
@@ -528,19 +527,11 @@ def walk(
     way back is unknown (a user's check started in a directory it cannot search), names
     are read through the directory's magic link instead; where neither works, files are
     opened and yielded as with open_files.
-
-    direct, for the host's own journal (apply and revert without --root), with
-    open_files: a file in a directory only root can write (root_only) is opened at once
-    (open_checked).  Not in an image: a container's root may be the host's uid 0
-    (Docker or LXC without a user namespace) with CAP_MKNOD, and could put a device
-    node in its own journal directory for the host's walk to open.
     """
     st = os.fstat(top_fd)
     mount = (st.st_dev, mount_id(top_fd))
     if open_files:
-        ctx = _Walk(allowed_uids, skips, mount, OPEN_FILES)
-        ctx.direct = direct
-        return _walk(top_fd, top_path, st, 0, ctx)
+        return _walk(top_fd, top_path, st, 0, _Walk(allowed_uids, skips, mount, OPEN_FILES))
     return _walk_by_name(top_fd, top_path, st, allowed_uids, skips, mount)
 
 
@@ -548,11 +539,9 @@ class _Walk:
     """What stays the same over one walk: the owners it passes (allowed_uids), where it
     puts what it leaves alone (skips), the top's mount (st_dev, mount id) and the way back
     to the working directory (here: a descriptor, None where there is none, OPEN_FILES
-    where every file is opened), and whether files may be opened at once in a directory
-    only root can write (direct: see walk). A plain class: dataclasses would import
-    inspect."""
+    where every file is opened). A plain class: dataclasses would import inspect."""
 
-    __slots__ = ("allowed_uids", "skips", "mount", "here", "direct")
+    __slots__ = ("allowed_uids", "skips", "mount", "here")
 
     def __init__(
         self,
@@ -562,7 +551,6 @@ class _Walk:
         here: Optional[int],
     ) -> None:
         self.allowed_uids, self.skips, self.mount, self.here = allowed_uids, skips, mount, here
-        self.direct = False
 
 
 def _walk_by_name(
@@ -741,9 +729,6 @@ def _walk(
     yield node
     skips = ctx.skips
     by_name = ctx.here != OPEN_FILES
-    # Files opened at once (open_checked), judged by the directory as it is now: the
-    # caller may have changed its owner or mode while it was yielded (revert --adm).
-    direct = ctx.direct and not by_name and _root_only_now(top_fd)
     batch: List[str] = []
     try:
         it = os.scandir(top_fd)
@@ -792,7 +777,7 @@ def _walk(
             if kind == "dir":
                 yield from _visit(top_fd, name, path, top_st, depth, ctx)
                 continue
-            node = _open_file(top_fd, name, path, top_st, ctx, direct)
+            node = _open_file(top_fd, name, path, top_st, ctx)
             if node is not None:
                 try:
                     yield node
@@ -816,7 +801,7 @@ def _batch(
         yield batch
         return
     for name in names:
-        node = _open_file(top_fd, name, f"{top_path}/{name}", top_st, ctx, False)
+        node = _open_file(top_fd, name, f"{top_path}/{name}", top_st, ctx)
         if node is not None:
             try:
                 yield node
@@ -825,46 +810,12 @@ def _batch(
                     os.close(node.fd)
 
 
-def root_only(st: os.stat_result) -> bool:
-    """Whether only root can add a name to the directory whose stat is st: root's, and
-    no write bit for its group (with an ACL, the mask: every named entry is held to it)
-    or others."""
-    return st.st_uid == 0 and not st.st_mode & 0o022
-
-
-def _root_only_now(fd: int) -> bool:
-    try:
-        return root_only(os.fstat(fd))
-    except OSError:
-        return False
-
-
-def open_checked(
-    dir_fd: int, name: str, is_dir: bool, direct: bool = False
-) -> Tuple[int, os.stat_result]:
+def open_checked(dir_fd: int, name: str, is_dir: bool) -> Tuple[int, os.stat_result]:
     """Open name in dir_fd as what it was listed as, looking before opening: O_PATH (which
     opens nothing: no FIFO waits, no device acts), fstat, and only a directory or regular
     file is then opened for real, through /proc/self/fd of the O_PATH descriptor (the
     same inode, no second lookup), or where /proc is missing by name again, O_NOFOLLOW,
-    its inode compared.  Raises OSError(ELOOP) for anything that is not what it was.
-
-    direct, for a file in a directory only root can write (root_only) of the host's own
-    journal (see walk): opened at once (O_NOFOLLOW, O_NONBLOCK: a FIFO does not wait),
-    its type checked after.  Nobody but the host's root can put a device node in place
-    of the regular file listed there between the read and the open, and that saves the
-    O_PATH open and the lookup through /proc, the dearest system calls of a file (a
-    quarter of apply's time at 200,000 files)."""
-    if direct and not is_dir:
-        fd = os.open(name, O_FILE, dir_fd=dir_fd)
-        try:
-            st = os.fstat(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise OSError(errno.ELOOP, "changed type")
-        return fd, st
+    its inode compared.  Raises OSError(ELOOP) for anything that is not what it was."""
     path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(path_fd)
@@ -889,12 +840,12 @@ def open_checked(
 
 
 def _opened(
-    top_fd: int, name: str, path: str, is_dir: bool, ctx: _Walk, direct: bool
+    top_fd: int, name: str, path: str, is_dir: bool, ctx: _Walk
 ) -> Optional[Tuple[int, os.stat_result]]:
     """open_checked(), or None where the name is gone or not what it was listed as (the
     reason in ctx.skips)."""
     try:
-        return open_checked(top_fd, name, is_dir, direct)
+        return open_checked(top_fd, name, is_dir)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -906,11 +857,11 @@ def _opened(
 
 
 def _open_file(
-    top_fd: int, name: str, path: str, top_st: os.stat_result, ctx: _Walk, direct: bool
+    top_fd: int, name: str, path: str, top_st: os.stat_result, ctx: _Walk
 ) -> Optional[Node]:
     """The regular file name of the directory open as top_fd, opened as a node (the
     caller closes it), or None where the walk passes it over (why in ctx.skips)."""
-    opened = _opened(top_fd, name, path, False, ctx, direct)
+    opened = _opened(top_fd, name, path, False, ctx)
     if opened is None:
         return None
     fd, st = opened
@@ -927,7 +878,7 @@ def _visit(
 ) -> Iterator[Node]:
     """The directory name of the directory open as top_fd, and what is in it."""
     skips = ctx.skips
-    opened = _opened(top_fd, name, path, True, ctx, False)
+    opened = _opened(top_fd, name, path, True, ctx)
     if opened is None:
         return
     fd, st = opened
