@@ -79,9 +79,10 @@ def clock_past(fd: int) -> int:
     (apply's ACL probe made and removed a file there a moment ago: a tick, a few ms, to
     wait at most), for unchanged()."""
     mtime = os.fstat(fd).st_mtime_ns
+    cut = _cut(mtime)
     now = coarse_ns()
     waits = 0
-    while mtime + _cut(mtime) > now and _cut(mtime) < 1_000_000 and waits < 50:
+    while mtime + cut > now and cut < 1_000_000 and waits < 50:
         time.sleep(0.001)
         now, waits = coarse_ns(), waits + 1
     return now
@@ -160,8 +161,8 @@ def grant_tree(
 
     Returns what the walk skipped, what was refused, and where nothing was skipped or
     refused and no directory changed while it ran (unchanged, against the clock at the
-    start less what it was set back since), how many paths it walked: what a scan of the tree would find now is then known
-    without one (the grant's after-check).  A skipped file (a second hard link, another
+    start less what it was set back since), how many paths it walked: what a scan of
+    the tree would find now is then known without one (the grant's after-check).  A skipped file (a second hard link, another
     owner) is not vouched for: its link count or owner may change back meanwhile, and no
     directory's mtime would say so.
     """
@@ -175,7 +176,9 @@ def grant_tree(
     refused: List[Tuple[str, str]] = []
     pending: List[Tuple[walker.Node, Any, Any]] = []  # changes whose records are not on disk
     rows: List[tuple] = []  # their records, written in one statement before the commit
-    dirs: List[Tuple[str, int, int, int]] = []  # the directories walked, for unchanged()
+    # The directories walked, for unchanged(): one more than DIRS_MAX says there were
+    # too many to vouch for.
+    dirs: List[Tuple[str, int, int, int]] = []
     walked = 0
 
     def refuse(path: str, exc: walker.AclError) -> None:

@@ -72,9 +72,6 @@ def ids_text(gids: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(set(gids)))
 
 
-_text = ids_text
-
-
 def setup_key(st: os.stat_result, raw: Tuple[bytes, bytes]) -> bytes:
     """Owner, group, mode and both ACL attributes of an inode, as one comparable value."""
     head = struct.pack("<III", st.st_uid, st.st_gid, st.st_mode & 0o7777)
@@ -246,7 +243,7 @@ class Store:
             self._run(
                 "INSERT OR REPLACE INTO acl (ino, gen, is_dir, mode, access, dflt, gids, later)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (ino, gen, int(is_dir), mode, access, dflt, _text(gids), _text(later)),
+                (ino, gen, int(is_dir), mode, access, dflt, ids_text(gids), ids_text(later)),
             )
         elif not set(gids) <= record[4]:
             self.set_gids(ino, gen, record[4] | set(gids))
@@ -274,12 +271,12 @@ class Store:
             raise Error(f"cannot write {self.path}: {exc}") from None
         if cursor.rowcount != len(rows):
             for ino, gen, is_dir, mode, access, dflt, gids, _ in rows:
-                self.record(ino, gen, bool(is_dir), mode, access, dflt, _ids(gids), ())
+                self.record(ino, gen, is_dir, mode, access, dflt, _ids(gids), ())
 
     def set_gids(self, ino: int, gen: int, gids: Iterable[int]) -> None:
         self._write(
             "UPDATE acl SET gids = ? WHERE ino = ? AND gen = ?",
-            (_text(gids), ino, gen),
+            (ids_text(gids), ino, gen),
             (ino, gen),
         )
 
@@ -288,7 +285,7 @@ class Store:
         are taken out of it."""
         self._write(
             "UPDATE acl SET access = ?, dflt = ?, mode = ?, later = ? WHERE ino = ? AND gen = ?",
-            (access, dflt, mode, _text(later), ino, gen),
+            (access, dflt, mode, ids_text(later), ino, gen),
             (ino, gen),
         )
 
@@ -340,7 +337,7 @@ class Store:
         ):
             named = (_ids(granted) | _ids(inherited)) & gids
             if named:
-                yield ino, gen, _text(named)
+                yield ino, gen, ids_text(named)
 
     def count_holding(self, gids: Set[int]) -> int:
         """How many records holding() yields, counted by SQLite: the lists are texts of

@@ -776,14 +776,8 @@ def _walk(
                 continue
             if kind == "dir":
                 yield from _visit(top_fd, name, path, top_st, depth, ctx)
-                continue
-            node = _open_file(top_fd, name, path, top_st, ctx)
-            if node is not None:
-                try:
-                    yield node
-                finally:
-                    if not node.taken:
-                        os.close(node.fd)
+            else:
+                yield from _file(top_fd, name, path, top_st, ctx)
     if batch:
         yield from _batch(top_fd, top_path, top_st, batch, ctx)
 
@@ -801,13 +795,7 @@ def _batch(
         yield batch
         return
     for name in names:
-        node = _open_file(top_fd, name, f"{top_path}/{name}", top_st, ctx)
-        if node is not None:
-            try:
-                yield node
-            finally:
-                if not node.taken:
-                    os.close(node.fd)
+        yield from _file(top_fd, name, f"{top_path}/{name}", top_st, ctx)
 
 
 def open_checked(dir_fd: int, name: str, is_dir: bool) -> Tuple[int, os.stat_result]:
@@ -856,21 +844,25 @@ def _opened(
         return None
 
 
-def _open_file(
-    top_fd: int, name: str, path: str, top_st: os.stat_result, ctx: _Walk
-) -> Optional[Node]:
-    """The regular file name of the directory open as top_fd, opened as a node (the
-    caller closes it), or None where the walk passes it over (why in ctx.skips)."""
+def _file(top_fd: int, name: str, path: str, top_st: os.stat_result, ctx: _Walk) -> Iterator[Node]:
+    """The regular file name of the directory open as top_fd, opened as a node and
+    closed once the caller moves on (unless it took it: Node.take), or nothing where the
+    walk passes it over (why in ctx.skips)."""
     opened = _opened(top_fd, name, path, False, ctx)
     if opened is None:
-        return None
+        return
     fd, st = opened
-    skip = _refused(path, st, False, top_st, ctx.allowed_uids, NO_MOUNT, fd)
-    if skip is not None:
-        os.close(fd)
-        ctx.skips.append(skip)
-        return None
-    return Node(path, fd, st, False)
+    node = None
+    try:
+        skip = _refused(path, st, False, top_st, ctx.allowed_uids, NO_MOUNT, fd)
+        if skip is not None:
+            ctx.skips.append(skip)
+            return
+        node = Node(path, fd, st, False)
+        yield node
+    finally:
+        if node is None or not node.taken:
+            os.close(fd)
 
 
 def _visit(
